@@ -1,0 +1,233 @@
+"""Every cross-field rule of a composed config, checked before torch is imported.
+
+Each check appends Problems (errors: the run is refused) or warnings (printed, recorded in the
+plan). `run_checks` runs them all so the user sees every problem at once, not the first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import os
+import shutil
+from pathlib import Path
+
+from arms import ARMS
+from harness.errors import Problem
+from harness.schema import (
+    Config,
+    EviPoArm,
+    Family,
+    GrpoArm,
+    JsonlData,
+    PapoArm,
+    PlacementKind,
+    RolloutBackend,
+    Source,
+    SyntheticData,
+    Tuning,
+)
+
+PAPO_GAMMA_SAFE = 0.02  # ARMS.md: gamma >= 0.04 collapsed in the paper ("KL_prcp hacking")
+
+
+class Findings:
+    def __init__(self) -> None:
+        self.problems: list[Problem] = []
+        self.warnings: list[str] = []
+
+    def error(self, field: str, value, why: str, fix: str) -> None:
+        self.problems.append(Problem(field, value, why, fix))
+
+    def warn(self, text: str) -> None:
+        self.warnings.append(text)
+
+
+def run_checks(cfg: Config) -> Findings:
+    out = Findings()
+    check_bounds(cfg, "", out)
+    check_model(cfg, out)
+    check_arm(cfg, out)
+    check_data(cfg, out)
+    check_rollout_and_placement(cfg, out)
+    return out
+
+
+# --- generic: the ge/gt/le/lt bounds declared on schema fields
+
+
+def check_bounds(obj, prefix: str, out: Findings) -> None:
+    ops = {"ge": (lambda v, b: v >= b, ">="), "gt": (lambda v, b: v > b, ">"),
+           "le": (lambda v, b: v <= b, "<="), "lt": (lambda v, b: v < b, "<")}
+    for fld in dataclasses.fields(obj):
+        value = getattr(obj, fld.name)
+        path = prefix + fld.name
+        if dataclasses.is_dataclass(value):
+            check_bounds(value, path + ".", out)
+            continue
+        if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        for key, (ok, sym) in ops.items():
+            if key in fld.metadata and not ok(value, fld.metadata[key]):
+                bound = fld.metadata[key]
+                out.error(path, value, f"must be {sym} {bound} ({fld.metadata.get('help', '')})",
+                          f"set {path} to a value {sym} {bound}")
+
+
+# --- model
+
+
+def hf_cache_dir() -> Path:
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"])
+    home = os.environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface")
+    return Path(home) / "hub"
+
+
+def find_cached_snapshot(hub_id: str) -> Path | None:
+    """The newest snapshot of `hub_id` in the local HF cache, without importing huggingface_hub."""
+    snaps = hf_cache_dir() / ("models--" + hub_id.replace("/", "--")) / "snapshots"
+    found = [p for p in snaps.glob("*") if (p / "config.json").exists()] if snaps.is_dir() else []
+    return max(found, key=lambda p: p.stat().st_mtime) if found else None
+
+
+def check_model(cfg: Config, out: Findings) -> None:
+    m = cfg.model
+    if m.source is Source.tiny:
+        if m.tiny is None:
+            out.error("model.tiny", None, "source=tiny builds the model from these parameters",
+                      "use model=tiny_vlm or model=tiny_lm, or set model.tiny")
+        else:
+            t = m.tiny
+            if t.num_heads % t.num_kv_heads:
+                out.error("model.tiny.num_kv_heads", t.num_kv_heads,
+                          f"must divide model.tiny.num_heads ({t.num_heads}) for grouped-query attention",
+                          f"use a divisor of {t.num_heads}")
+        if m.tuning is Tuning.lora:
+            out.warn("model.tuning=lora on a tiny random model: measured, LoRA on a random base keeps the sampled "
+                     "distribution near flat and GRPO gets no reward signal; use model.tuning=full")
+    else:
+        if m.path:
+            if not (Path(m.path) / "config.json").is_file():
+                out.error("model.path", m.path, "is not a checkpoint directory (no config.json there)",
+                          "point model.path at a local Hugging Face checkpoint directory")
+        elif m.hub_id:
+            if find_cached_snapshot(m.hub_id) is None:
+                out.error("model.hub_id", m.hub_id,
+                          f"is not in the local Hugging Face cache ({hf_cache_dir()}); nothing is downloaded at run time",
+                          "set model.path=/path/to/checkpoint, or put the checkpoint in the HF cache (HF_HOME)")
+        else:
+            out.error("model.path", None, "source=pretrained needs a checkpoint", "set model.path or model.hub_id")
+    expected_patch = 16 if m.family is Family.qwen3_vl else 14
+    if m.is_vlm and m.patch_size != expected_patch:
+        out.warn(f"model.patch_size={m.patch_size} but {m.family.value} uses {expected_patch}-pixel patches")
+    if m.family is Family.qwen2 and m.is_vlm:
+        out.error("model.is_vlm", True, "family qwen2 is text-only", "set model.is_vlm=false or a VL family")
+
+
+# --- arm and budget
+
+
+def check_arm(cfg: Config, out: Findings) -> None:
+    a, b = cfg.arm, cfg.budget
+    if a.name not in ARMS:
+        out.error("arm.name", a.name, f"is not a registered arm ({', '.join(ARMS)})",
+                  "use one of the registered arms, or register the new arm in arms/__init__.py")
+        return
+    if not isinstance(a, GrpoArm):
+        return
+    if a.init not in ("sft", "scratch") and not Path(a.init).exists():
+        out.error("arm.init", a.init, "is neither sft, scratch, nor an existing policy directory",
+                  "use arm.init=sft (default), arm.init=scratch, or a path to an adapter / full weights")
+    completions = a.prompts_per_step * a.num_generations
+    shards = cfg.placement.num_processes * a.gradient_accumulation_steps
+    if completions % shards:
+        out.error("arm.prompts_per_step", a.prompts_per_step,
+                  f"prompts_per_step x num_generations ({completions}) must split evenly over "
+                  f"placement.num_processes x arm.gradient_accumulation_steps ({shards}) micro-batches",
+                  f"make {completions} a multiple of {shards}")
+    bound = completions * a.max_completion_length
+    if b.max_completion_tokens < bound:
+        out.error("budget.max_completion_tokens", b.max_completion_tokens,
+                  f"is below one step's worst case ({a.prompts_per_step} prompts x {a.num_generations} generations "
+                  f"x {a.max_completion_length} tokens = {bound}), so no step fits",
+                  f"raise it to at least {bound}, or shrink the step")
+    if a.steps_per_generation > 1 and cfg.train.save_steps % a.steps_per_generation:
+        out.error("train.save_steps", cfg.train.save_steps,
+                  f"must be a multiple of arm.steps_per_generation ({a.steps_per_generation}): the generation buffer "
+                  "is not checkpointed, so a resume mid-cycle would regenerate it and diverge",
+                  f"use a multiple of {a.steps_per_generation}")
+    if a.epsilon_high is not None and a.epsilon_high < a.epsilon:
+        out.error("arm.epsilon_high", a.epsilon_high, f"is below arm.epsilon ({a.epsilon})",
+                  "set epsilon_high >= epsilon, or null to use epsilon")
+    if isinstance(a, (PapoArm, EviPoArm)) and not cfg.model.is_vlm:
+        out.error("arm", a.name, f"{a.name} perturbs the image, but model {cfg.model.name} is text-only",
+                  "use a VLM (model=tiny_vlm or model=qwen), or arm=grpo")
+    if isinstance(a, PapoArm) and a.gamma > PAPO_GAMMA_SAFE:
+        out.warn(f"arm.gamma={a.gamma} is above {PAPO_GAMMA_SAFE}: gamma >= 0.04 collapsed in the PAPO paper "
+                 "(KL_prcp hacking); consider eta1=eta2=0.05 (double entropy) with it")
+    if isinstance(a, EviPoArm) and a.lambda_direction == 0 and a.lambda_evidence == 0:
+        out.warn("arm=evi_po with lambda_direction=0 and lambda_evidence=0 is plain GRPO")
+
+
+# --- data
+
+
+def check_data(cfg: Config, out: Findings) -> None:
+    d = cfg.data
+    if d.eval_split == d.train_split:
+        out.error("data.eval_split", d.eval_split, "equals data.train_split: eval must be held out",
+                  "use data.eval_split=test or val")
+    if isinstance(d, SyntheticData):
+        if d.val_fraction + d.test_fraction >= 1.0:
+            out.error("data.test_fraction", d.test_fraction,
+                      f"with data.val_fraction ({d.val_fraction}) leaves no base item for training",
+                      "keep val_fraction + test_fraction below 1")
+        if d.image_size is not None and cfg.model.is_vlm and d.image_size % cfg.model.patch_size:
+            out.error("data.image_size", d.image_size, f"is not a multiple of model.patch_size ({cfg.model.patch_size})",
+                      f"use {4 * cfg.model.patch_size} (4 image tokens after the 2x2 merge) or null")
+        if not cfg.model.is_vlm:
+            out.warn(f"model {cfg.model.name} is text-only: the synthetic questions are about images it cannot see")
+    if isinstance(d, JsonlData) and not d.path:
+        out.error("data.path", None, "data=jsonl needs the dataset root", "add data.path=DIR (a dataset in the harness schema)")
+    elif isinstance(d, JsonlData) and not Path(d.path).is_dir():
+        out.error("data.path", d.path, "is not a directory", "point data.path at a dataset root (see harness.data validate)")
+
+
+# --- rollout and placement
+
+
+def cuda_visible() -> bool:
+    """Torch-free: is there an NVIDIA device this process may use?"""
+    if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
+        return False
+    return Path("/dev/nvidiactl").exists() or shutil.which("nvidia-smi") is not None
+
+
+def check_rollout_and_placement(cfg: Config, out: Findings) -> None:
+    r, p = cfg.rollout, cfg.placement
+    if r.backend is RolloutBackend.vllm:
+        if r.vllm_mode is None:
+            out.error("rollout.vllm_mode", None, "backend=vllm needs a mode", "use rollout=vllm_colocate or rollout=vllm_server")
+        if importlib.util.find_spec("vllm") is None:
+            out.error("rollout", r.name, "vllm is not installed in this environment",
+                      "install vllm (GPU nodes only), or use rollout=hf")
+        if not cuda_visible():
+            out.error("rollout", r.name, "vLLM rollouts need a CUDA device and none is visible",
+                      "run on a GPU node, or use rollout=hf")
+        if not isinstance(cfg.arm, GrpoArm):
+            out.error("rollout", r.name, "arm=sft samples nothing", "use rollout=hf with arm=sft")
+    elif r.vllm_mode is not None:
+        out.error("rollout.vllm_mode", r.vllm_mode.value, "is set but rollout.backend=hf", "unset it or use a vllm rollout")
+    if p.kind is PlacementKind.single and p.num_processes != 1:
+        out.error("placement.num_processes", p.num_processes, "placement=single runs one process",
+                  "use placement=ddp (or fsdp/deepspeed) for several processes")
+    if p.device not in ("auto", "cpu", "cuda"):
+        out.error("placement.device", p.device, "must be auto, cpu or cuda", "use placement.device=auto")
+    elif p.device == "cuda" and not cuda_visible():
+        out.error("placement.device", p.device, "no CUDA device is visible", "use placement.device=auto or cpu")
+    if p.kind is PlacementKind.deepspeed and importlib.util.find_spec("deepspeed") is None:
+        out.error("placement", p.name, "deepspeed is not installed", "pip install deepspeed, or use placement=ddp/fsdp")
+    if cfg.logger.wandb_mode not in ("online", "offline", "disabled"):
+        out.error("logger.wandb_mode", cfg.logger.wandb_mode, "must be online, offline or disabled",
+                  "use logger.wandb_mode=offline (no network here)")

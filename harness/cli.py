@@ -1,0 +1,109 @@
+"""The Hydra entry point: compose, plan, then either print the plan (mode=plan) or run the lifecycle.
+
+Kept torch-free at import time: `--help`, `--cfg job` and `mode=plan` never import torch,
+transformers or trl (checked by tests with `python -X importtime`).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from harness import schema
+from harness.errors import HarnessError
+
+CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
+log = logging.getLogger("harness")
+
+schema.register(with_help="--help" in sys.argv)
+
+
+def setup_logging() -> None:
+    """Harness messages go to stderr so stdout stays machine-readable (mode=plan prints JSON there)."""
+    if log.handlers:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("[harness] %(message)s"))
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+
+
+def run(cfg: DictConfig, choices: dict | None = None) -> int:
+    """One job: plan, then print it or execute it. Returns the process exit code."""
+    from harness.plan import build_plan, plan_json
+
+    setup_logging()
+    try:
+        plan = build_plan(cfg, choices)
+        if plan.config["mode"] == "plan":
+            print(plan_json(plan))
+            for w in plan.warnings:
+                log.warning("warning: %s", w)
+            return 0
+        for w in plan.warnings:
+            log.warning("warning: %s", w)
+        from harness.lifecycle import execute
+
+        return execute(plan)
+    except HarnessError as exc:
+        print(str(exc), file=sys.stderr)
+        return exc.exit_code
+
+
+@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
+def _entry(cfg: DictConfig) -> None:
+    code = run(cfg, dict(HydraConfig.get().runtime.choices))
+    if code:
+        raise SystemExit(code)
+
+
+def _needs_hydra_cli(argv: list[str]) -> bool:
+    """Flags (--help, --cfg, -m, --info, ...) and hydra.* overrides need Hydra's own CLI machinery."""
+    return any(a.startswith("-") or a.lstrip("+~").startswith("hydra") for a in argv)
+
+
+def _chain(exc: BaseException) -> str:
+    """The message and its direct cause, as hydra.main prints them (Hydra wraps the useful part)."""
+    parts = [str(exc).strip()]
+    if exc.__cause__ is not None and str(exc.__cause__).strip() not in parts[0]:
+        parts.append(str(exc.__cause__).strip())
+    return "\n".join(parts)
+
+
+def compose_and_run(argv: list[str]) -> int:
+    """A single job composed once with Hydra's compose API (same overrides grammar and errors).
+
+    `hydra.main` composes every config twice (once to read hydra.mode); a single run does not
+    need that, and each rank of a multi-process launch pays the start-up cost again.
+    """
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf import open_dict
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3", job_name="harness"):
+            cfg = compose(config_name="config", overrides=argv, return_hydra_config=True)
+    except (HydraException, OmegaConfBaseException) as exc:
+        print(_chain(exc) + "\n(config error at compose time; see `python -m harness --help`)", file=sys.stderr)
+        return 1
+    choices = dict(cfg.hydra.runtime.choices)
+    with open_dict(cfg):
+        del cfg["hydra"]
+    return run(cfg, choices)
+
+
+def main() -> None:
+    argv = sys.argv[1:]
+    if _needs_hydra_cli(argv):
+        _entry()
+        return
+    code = compose_and_run(argv)
+    if code:
+        raise SystemExit(code)

@@ -1,0 +1,112 @@
+"""The harness's named exceptions. Each carries its data and renders as received -> expected -> why -> fix."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with the input: which field, what value, why it is wrong, how to fix it."""
+
+    field: str
+    value: Any
+    why: str
+    fix: str
+
+    def render(self) -> str:
+        return f"{self.field} = {self.value!r}: {self.why}\n    fix: {self.fix}"
+
+
+class HarnessError(Exception):
+    """Base of the errors the CLI reports without a traceback."""
+
+    exit_code = 1
+
+
+class ConfigError(HarnessError):
+    """Every problem found in a config, collected (never just the first)."""
+
+    exit_code = 2
+
+    def __init__(self, problems: list[Problem]):
+        self.problems = list(problems)
+        super().__init__(self.render())
+
+    def render(self) -> str:
+        n = len(self.problems)
+        head = f"ConfigError: {n} problem{'s' if n != 1 else ''} in the configuration"
+        return head + "\n" + "\n".join(f"  - {p.render()}" for p in self.problems)
+
+
+class RunDirLocked(HarnessError):
+    """Another live process holds the run directory's lock."""
+
+    exit_code = 3
+
+    def __init__(self, run_dir: str, holder: dict):
+        self.run_dir, self.holder = run_dir, holder
+        who = ", ".join(f"{k}={holder[k]}" for k in ("pid", "host", "started_at") if k in holder) or "unknown holder"
+        super().__init__(
+            f"run dir {run_dir} is held by another process ({who}).\n"
+            "    fix: wait for it to finish, or stop that process; a killed holder releases the lock by itself."
+        )
+
+
+@dataclass
+class FieldDiff:
+    field: str
+    expected: Any
+    actual: Any
+
+
+class ResumeMismatchError(HarnessError):
+    """The run dir belongs to a different run identity (semantic config, data or model)."""
+
+    exit_code = 4
+
+    def __init__(self, run_dir: str, diffs: list[FieldDiff], fix: str):
+        self.run_dir, self.diffs = run_dir, diffs
+        lines = [f"  - {d.field}: run dir has {d.expected!r}, this command has {d.actual!r}" for d in diffs]
+        super().__init__(
+            f"ResumeMismatchError: {run_dir} was created by a different run:\n" + "\n".join(lines) + f"\n    fix: {fix}"
+        )
+
+
+class RunDirStateError(HarnessError):
+    """The run dir's state conflicts with the resume policy (resume=never on an existing run, must on none)."""
+
+    exit_code = 5
+
+
+@dataclass
+class DataProblem:
+    file: str
+    line: int | None
+    field: str | None
+    why: str
+    fix: str
+
+    def render(self) -> str:
+        where = self.file + (f":{self.line}" if self.line is not None else "")
+        fld = f" [{self.field}]" if self.field else ""
+        return f"{where}{fld}: {self.why}\n    fix: {self.fix}"
+
+
+class DataContractError(HarnessError):
+    """A dataset violates the contract of DESIGN.md section 10; every problem is listed."""
+
+    exit_code = 2
+
+    def __init__(self, root: str, problems: list[DataProblem]):
+        self.root, self.problems = root, list(problems)
+        n = len(self.problems)
+        super().__init__(
+            f"DataContractError: {n} problem{'s' if n != 1 else ''} in dataset {root}\n"
+            + "\n".join(f"  - {p.render()}" for p in self.problems)
+        )
+
+
+class BudgetExhausted(HarnessError):
+    """Raised when a step would exceed the token budget (a bug if it ever fires after planning)."""

@@ -1,0 +1,132 @@
+"""Identity of a run: config hashes (full and semantic), code, environment, and the helpers that
+turn typed configs into canonical JSON. Torch-free; nothing here imports the packages it versions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import platform
+import subprocess
+from enum import Enum
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Callable
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+ENV_PACKAGES = ("torch", "transformers", "trl", "peft", "accelerate", "datasets", "hydra-core", "omegaconf", "vllm")
+
+
+def canonical_json(obj: Any) -> str:
+    """The one serialization every hash is taken over: sorted keys, no whitespace, UTF-8."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def sha256_text(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+# --- typed config -> JSON
+
+
+def to_jsonable(obj: Any, keep: Callable[[dataclasses.Field], bool] = lambda f: True) -> Any:
+    """A dataclass tree as plain JSON types; `keep` filters fields (e.g. the semantic ones)."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_jsonable(getattr(obj, f.name), keep) for f in dataclasses.fields(obj) if keep(f)}
+    if isinstance(obj, Enum):
+        return obj.value
+    if isinstance(obj, (list, tuple)):
+        return [to_jsonable(x, keep) for x in obj]
+    if isinstance(obj, dict):
+        return {str(k): to_jsonable(v, keep) for k, v in obj.items()}
+    return obj
+
+
+def is_semantic(fld: dataclasses.Field) -> bool:
+    return fld.metadata.get("semantic", True)
+
+
+def non_semantic_paths(obj: Any, prefix: str = "") -> list[str]:
+    """Dotted paths of the fields left out of semantic_sha256 (recorded in the plan for verify)."""
+    out: list[str] = []
+    for f in dataclasses.fields(obj):
+        path = prefix + f.name
+        if not is_semantic(f):
+            out.append(path)
+            continue
+        value = getattr(obj, f.name)
+        if dataclasses.is_dataclass(value):
+            out.extend(non_semantic_paths(value, path + "."))
+    return out
+
+
+def drop_paths(config: dict, paths: list[str]) -> dict:
+    """A deep copy of `config` without the dotted `paths` (the semantic view of a stored config)."""
+    out = json.loads(json.dumps(config))
+    for path in paths:
+        *parents, leaf = path.split(".")
+        node = out
+        for p in parents:
+            node = node.get(p, {}) if isinstance(node, dict) else {}
+        if isinstance(node, dict):
+            node.pop(leaf, None)
+    return out
+
+
+def config_hashes(config: dict, non_semantic: list[str]) -> tuple[str, str]:
+    """(config_sha256, semantic_sha256) of a resolved config given as JSON."""
+    return sha256_text(canonical_json(config)), sha256_text(canonical_json(drop_paths(config, non_semantic)))
+
+
+# --- code and environment
+
+
+def _git(*args: str) -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(REPO_ROOT), *args], capture_output=True, timeout=10, check=True
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.decode("utf-8", "replace")
+
+
+def code_identity() -> dict:
+    """Git commit plus a digest of uncommitted changes (tracked diff and untracked source files)."""
+    commit = _git("rev-parse", "--verify", "-q", "HEAD")
+    status = _git("status", "--porcelain", "--untracked-files=all")
+    if status is None:
+        return {"commit": None, "dirty": None, "diff_sha256": None, "source": "not a git checkout"}
+    h = hashlib.sha256()
+    h.update(((_git("diff", "HEAD", "--binary") if commit else "") or "").encode())
+    untracked = sorted(line[3:] for line in status.splitlines() if line.startswith("?? "))
+    for rel in untracked:
+        p = REPO_ROOT / rel
+        if p.is_file():
+            h.update(rel.encode() + b"\0" + p.read_bytes())
+    dirty = bool(status.strip())
+    return {
+        "commit": commit.strip() if commit else None,
+        "dirty": dirty,
+        "diff_sha256": h.hexdigest() if dirty else None,
+    }
+
+
+def environment_identity() -> dict:
+    versions = {}
+    for pkg in ENV_PACKAGES:
+        try:
+            versions[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            versions[pkg] = None
+    return {"python": platform.python_version(), "platform": platform.platform(), "packages": versions}

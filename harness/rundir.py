@@ -1,0 +1,237 @@
+"""The run directory: claimed with an exclusive lock for the life of the run, written atomically.
+
+    ${output_root}/runs/<run_name>/
+        run.lock            fcntl lock + the holder's pid/host (the kernel releases it if the holder dies)
+        run_manifest.json   plan, identity, status (planned -> running -> completed | failed), events
+
+`claim(plan)` applies the resume policy:
+    auto  - continue an existing run dir of the same identity (refuse another identity, with a diff)
+    must  - refuse when there is nothing to resume
+    never - refuse when the run already exists
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import fcntl
+import json
+import os
+import socket
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.errors import FieldDiff, ResumeMismatchError, RunDirLocked, RunDirStateError
+
+MANIFEST = "run_manifest.json"
+LOCK = "run.lock"
+STATUSES = ("planned", "running", "completed", "failed")
+MANIFEST_VERSION = 1
+
+
+def now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")
+
+
+# --- atomic writes
+
+
+def fsync_dir(path: str | os.PathLike) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Temp file in the same dir, fsync, rename over `path`, fsync the dir: readers see old or new, never half."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    fsync_dir(path.parent)
+
+
+def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
+    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=False, allow_nan=False) + "\n").encode("utf-8"))
+
+
+def read_json(path: str | os.PathLike) -> Any:
+    with open(path, encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+# --- the lock
+
+
+def holder_info() -> dict:
+    return {"pid": os.getpid(), "host": socket.gethostname(), "started_at": now()}
+
+
+@dataclass
+class RunDir:
+    """A claimed run directory. Holds the lock until `release` (or process death)."""
+
+    path: Path
+    manifest: dict
+    resumed: bool
+    _fd: int | None = field(default=None, repr=False)
+
+    @property
+    def manifest_path(self) -> Path:
+        return self.path / MANIFEST
+
+    def set_status(self, status: str, **extra: Any) -> None:
+        if status not in STATUSES:
+            raise ValueError(f"unknown run status {status!r}; expected one of {STATUSES}")
+        self.manifest["status"] = status
+        self.manifest["updated_at"] = now()
+        self.manifest.update(extra)
+        self.manifest["events"].append({"status": status, "at": now(), **holder_info()})
+        atomic_write_json(self.manifest_path, self.manifest)
+
+    def release(self) -> None:
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> "RunDir":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def acquire_lock(run_dir: Path) -> int:
+    """Take the run dir's exclusive lock or raise RunDirLocked naming the live holder."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(run_dir / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        try:
+            holder = json.loads(os.pread(fd, 4096, 0).decode("utf-8") or "{}")
+        except (ValueError, UnicodeDecodeError):
+            holder = {}
+        os.close(fd)
+        raise RunDirLocked(str(run_dir), holder) from None
+    payload = json.dumps(holder_info()).encode()
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, payload, 0)
+    os.fsync(fd)
+    return fd
+
+
+# --- claim with the resume policy
+
+
+def identity_diffs(recorded: dict, current: dict) -> list[FieldDiff]:
+    """The identity fields that must match for a resume: semantic config, data, model."""
+    diffs = []
+    for key in ("semantic_sha256",):
+        if recorded.get(key) != current.get(key):
+            diffs.append(FieldDiff(f"identity.{key}", recorded.get(key), current.get(key)))
+    for part in ("data", "model"):
+        old, new = recorded.get(part) or {}, current.get(part) or {}
+        for key in sorted(set(old) | set(new)):
+            if key.endswith("sha256") and old.get(key) and new.get(key) and old[key] != new[key]:
+                diffs.append(FieldDiff(f"identity.{part}.{key}", old[key], new[key]))
+    return diffs
+
+
+def config_diffs(old: Any, new: Any, prefix: str = "") -> list[FieldDiff]:
+    if isinstance(old, dict) and isinstance(new, dict):
+        out = []
+        for k in sorted(set(old) | set(new)):
+            out += config_diffs(old.get(k), new.get(k), f"{prefix}{k}.")
+        return out
+    return [] if old == new else [FieldDiff(prefix.rstrip("."), old, new)]
+
+
+def claim(plan, resume: str | None = None) -> RunDir:
+    """Lock plan.run_dir, apply the resume policy, and write (or update) the manifest."""
+    path = Path(plan.run_dir)
+    policy = resume or plan.config["resume"]
+    _check_policy(path, policy)  # refuse before creating anything
+    created = not path.exists()
+    fd = acquire_lock(path)
+    try:
+        _check_policy(path, policy)  # again, under the lock
+        existed = (path / MANIFEST).exists()
+        if existed:
+            manifest = read_json(path / MANIFEST)
+            diffs = identity_diffs(manifest.get("identity", {}), plan.identity)
+            if diffs:
+                raise ResumeMismatchError(
+                    str(path), diffs,
+                    "run the original command to resume this run, or change output_root / seed for a new run",
+                )
+            changes = config_diffs(manifest["plan"]["config"], plan.config)
+            if changes or manifest.get("identity", {}).get("code") != plan.identity.get("code"):
+                manifest.setdefault("resumes", []).append({
+                    "at": now(),
+                    "config_changes": [d.__dict__ for d in changes],
+                    "code": plan.identity.get("code"),
+                    "config_sha256": plan.identity["config_sha256"],
+                })
+            run = RunDir(path, manifest, resumed=True, _fd=fd)
+            atomic_write_json(run.manifest_path, manifest)
+            return run
+        manifest = {
+            "manifest_version": MANIFEST_VERSION,
+            "run_name": plan.run_name,
+            "status": "planned",
+            "created_at": now(),
+            "updated_at": now(),
+            "identity": plan.identity,
+            "plan": plan.to_json(),
+            "parent": None,
+            "events": [{"status": "planned", "at": now(), **holder_info()}],
+        }
+        atomic_write_json(path / MANIFEST, manifest)
+        return RunDir(path, manifest, resumed=False, _fd=fd)
+    except BaseException:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+        if created and not (path / MANIFEST).exists():  # leave no empty run dir behind a refusal
+            (path / LOCK).unlink(missing_ok=True)
+            try:
+                path.rmdir()
+            except OSError:
+                pass
+        raise
+
+
+def _check_policy(path: Path, policy: str) -> None:
+    existed = (path / MANIFEST).exists()
+    if policy == "never" and existed:
+        raise RunDirStateError(
+            f"resume=never but run dir {path} already exists (status {_status_of(path)}).\n"
+            "    fix: use resume=auto to continue it, another output_root, or remove the directory"
+        )
+    if policy == "must" and not existed:
+        raise RunDirStateError(
+            f"resume=must but there is nothing to resume at {path}.\n"
+            "    fix: check output_root and the overrides (the run dir is derived from them), or use resume=auto"
+        )
+
+
+def _status_of(path: Path) -> str:
+    try:
+        return str(read_json(path / MANIFEST).get("status"))
+    except (OSError, ValueError):
+        return "unreadable"

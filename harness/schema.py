@@ -1,0 +1,389 @@
+"""Typed configuration: one dataclass schema per config group, registered in Hydra's ConfigStore.
+
+conf/<group>/<option>.yaml extends the schema stored at /schema/<group>/<schema> (see
+`register`), so a misspelled key or a value of the wrong type fails at compose time, before
+anything is planned. Every field carries `help` (one line: meaning, units, range, paper) and,
+where it matters, bounds (`ge`, `gt`, `le`, `lt`) that plan checks, and `semantic=False` for
+fields that do not change what is trained (logging, paths, worker counts, placement): those
+are left out of `semantic_sha256`, so resuming with another logger is accepted and resuming
+with another learning rate is refused.
+
+Torch-free by design: this module is imported by compose, plan, verify and report.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Optional
+
+from omegaconf import MISSING
+
+
+def f(default: Any = MISSING, help: str = "", *, semantic: bool = True, factory=None, **bounds):
+    """A schema field: default, one-line help, semantic flag and numeric bounds (ge/gt/le/lt)."""
+    meta = {"help": help, "semantic": semantic, **bounds}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+# --- closed vocabularies (an Enum makes a wrong value a compose-time error that lists the valid ones)
+
+
+class Mode(str, Enum):
+    train = "train"
+    plan = "plan"
+
+
+class RunMode(str, Enum):
+    normal = "normal"
+    smoke = "smoke"
+
+
+class Resume(str, Enum):
+    auto = "auto"
+    must = "must"
+    never = "never"
+
+
+class Tuning(str, Enum):
+    full = "full"
+    lora = "lora"
+
+
+class Family(str, Enum):
+    qwen2_vl = "qwen2_vl"
+    qwen2_5_vl = "qwen2_5_vl"
+    qwen3_vl = "qwen3_vl"
+    qwen2 = "qwen2"  # text-only (tiny_lm)
+
+
+class Source(str, Enum):
+    tiny = "tiny"  # built locally from a config with seeded random weights
+    pretrained = "pretrained"  # loaded from model.path or the local Hugging Face cache
+
+
+class DType(str, Enum):
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+
+
+class LossType(str, Enum):  # TRL 1.16 GRPOConfig.loss_type
+    grpo = "grpo"
+    dr_grpo = "dr_grpo"
+    dapo = "dapo"
+    bnpo = "bnpo"
+    cispo = "cispo"
+    sapo = "sapo"
+    luspo = "luspo"
+    vespo = "vespo"
+
+
+class ScaleRewards(str, Enum):  # TRL 1.16 GRPOConfig.scale_rewards
+    group = "group"
+    batch = "batch"
+    none = "none"
+
+
+class ISLevel(str, Enum):  # TRL importance_sampling_level; "sequence" is GSPO
+    token = "token"
+    sequence = "sequence"
+
+
+class RolloutBackend(str, Enum):
+    hf = "hf"
+    vllm = "vllm"
+
+
+class VllmMode(str, Enum):
+    colocate = "colocate"
+    server = "server"
+
+
+class ISCorrectionMode(str, Enum):  # TRL vllm_importance_sampling_mode
+    token_truncate = "token_truncate"
+    token_mask = "token_mask"
+    sequence_truncate = "sequence_truncate"
+    sequence_mask = "sequence_mask"
+
+
+class PlacementKind(str, Enum):
+    single = "single"
+    ddp = "ddp"
+    fsdp = "fsdp"
+    deepspeed = "deepspeed"
+
+
+class Scheduler(str, Enum):
+    constant = "constant"
+    constant_with_warmup = "constant_with_warmup"
+    linear = "linear"
+    cosine = "cosine"
+
+
+# --- model
+
+
+@dataclass
+class TinySpec:
+    """Build parameters of a tiny random model (model.source=tiny); they key its on-disk cache."""
+
+    hidden_size: int = f(128, "text hidden size (units)", ge=16)
+    num_layers: int = f(4, "text decoder layers", ge=1)
+    num_heads: int = f(4, "attention heads", ge=1)
+    num_kv_heads: int = f(2, "key/value heads (GQA); must divide num_heads", ge=1)
+    head_dim: int = f(32, "per-head dimension; mrope sections sum to head_dim/2", ge=8)
+    intermediate_size: int = f(256, "MLP width", ge=16)
+    vision_width: int = f(64, "vision tower width (VLMs only)", ge=16)
+    vision_depth: int = f(2, "vision tower blocks (VLMs only)", ge=1)
+    vocab_size: int = f(512, "target BPE vocabulary size of the locally trained tokenizer", ge=300)
+    init_seed: int = f(0, "seed of the random weights (independent of the run seed)", ge=0)
+
+
+@dataclass
+class ModelConfig:
+    name: str = f(MISSING, "option name (conf/model/<name>.yaml); part of run_name")
+    family: Family = f(Family.qwen2_vl, "architecture: qwen2_vl | qwen2_5_vl | qwen3_vl | qwen2 (text-only)")
+    source: Source = f(Source.tiny, "tiny: built locally with seeded random weights; pretrained: a real checkpoint")
+    hub_id: Optional[str] = f(None, "Hugging Face repo id looked up in the local HF cache (never downloaded)")
+    path: Optional[str] = f(None, "local checkpoint directory; wins over hub_id", semantic=False)
+    is_vlm: bool = f(True, "the model takes images (false for tiny_lm and text-only checkpoints)")
+    patch_size: int = f(14, "vision patch size in pixels: 14 for Qwen2/2.5-VL, 16 for Qwen3-VL", ge=1)
+    tuning: Tuning = f(Tuning.full, "full fine-tuning (tiny random models) or lora (real checkpoints)")
+    lora_r: int = f(16, "LoRA rank (tuning=lora)", ge=1)
+    lora_alpha: int = f(32, "LoRA alpha; the update is scaled by alpha/r", ge=1)
+    lora_dropout: float = f(0.0, "LoRA dropout probability", ge=0.0, lt=1.0)
+    lora_target_modules: list[str] = f(
+        help="module names LoRA adapts", factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"]
+    )
+    dtype: DType = f(DType.float32, "weight dtype; float32 on CPU")
+    attn_implementation: str = f("sdpa", "transformers attention backend (eager | sdpa | flash_attention_2)")
+    cache_dir: str = f("${output_root}/cache/models", "where built tiny models are cached", semantic=False)
+    tiny: Optional[TinySpec] = f(None, "build parameters when source=tiny")
+
+
+# --- arms
+
+
+@dataclass
+class ArmConfig:
+    name: str = f(MISSING, "arm name; keys arms.ARMS, conf/arm/<name>.yaml and arms/<name>.py")
+    learning_rate: float = f(1e-4, "AdamW peak learning rate", gt=0.0)
+    lr_scheduler_type: Scheduler = f(Scheduler.constant, "learning-rate schedule")
+    warmup_ratio: float = f(0.0, "fraction of planned steps spent warming up", ge=0.0, lt=1.0)
+    weight_decay: float = f(0.0, "AdamW weight decay", ge=0.0)
+    max_grad_norm: float = f(1.0, "gradient clipping norm", gt=0.0)
+    gradient_accumulation_steps: int = f(1, "micro-batches per optimizer step", ge=1)
+
+
+@dataclass
+class SftArm(ArmConfig):
+    batch_size: int = f(16, "sequences per optimizer step (global, across ranks)", ge=1)
+    max_length: int = f(256, "tokens per sequence (prompt + completion); longer rows are refused", ge=8)
+    completion_only_loss: bool = f(True, "train only on completion tokens (ARMS.md sft)")
+
+
+@dataclass
+class GrpoArm(ArmConfig):
+    init: str = f("sft", "policy to start from: sft (the SFT run of the same model, data, seed), scratch, or a path")
+    init_sft_steps: int = f(45, "optimizer steps of the SFT warm start when init=sft (capped by steps, not seconds)", ge=1)
+    prompts_per_step: int = f(4, "unique prompts per optimizer step (global)", ge=1)
+    num_generations: int = f(8, "G: completions sampled per prompt; advantages are normalized within a group", ge=2)
+    max_completion_length: int = f(16, "sampled tokens per completion at most; truncated ones get the invalid-format penalty", ge=1)
+    temperature: float = f(1.0, "sampling temperature", gt=0.0)
+    top_p: float = f(1.0, "nucleus sampling mass", gt=0.0, le=1.0)
+    top_k: int = f(0, "top-k sampling (0 = off)", ge=0)
+    loss_type: LossType = f(LossType.dapo, "TRL loss normalization (grpo, dr_grpo, dapo, bnpo, ...)")
+    scale_rewards: ScaleRewards = f(ScaleRewards.group, "advantage std scaling: group | batch | none (Dr. GRPO)")
+    importance_sampling_level: ISLevel = f(ISLevel.token, "token (GRPO) or sequence (GSPO)")
+    beta: float = f(0.0, "KL coefficient to the reference policy (with LoRA: the frozen initial adapter)", ge=0.0)
+    epsilon: float = f(0.2, "lower clip range of the importance ratio", gt=0.0)
+    epsilon_high: Optional[float] = f(None, "upper clip range (DAPO clip-higher); null = epsilon", gt=0.0)
+    num_iterations: int = f(1, "optimization passes per generation batch (mu in the GRPO paper)", ge=1)
+    steps_per_generation: int = f(1, "optimizer steps served by one generation batch", ge=1)
+    mask_truncated_completions: bool = f(True, "exclude truncated completions from the loss (they still count in the budget)")
+
+
+@dataclass
+class PapoArm(GrpoArm):
+    """PAPO (Wang et al. 2025, arXiv 2507.06448); defaults are the paper's PAPO-G."""
+
+    gamma: float = f(0.02, "coefficient of the implicit perception loss KL_prcp; >= 0.04 collapsed in the paper", ge=0.0)
+    mask_ratio: float = f(0.6, "probability that a patch cell of the image is blacked out", gt=0.0, lt=1.0)
+    patch_size: Optional[int] = f(None, "masking cell size in pixels; null = the processor's patch size", ge=1)
+    kappa: float = f(10.0, "upper clamp of the per-token k3 KL estimate", gt=0.0)
+    eta1: float = f(0.0, "entropy coefficient of the original branch (double entropy regularization)", ge=0.0)
+    eta2: float = f(0.0, "entropy coefficient of the masked branch; no gradient unless recompute_masked_with_grad", ge=0.0)
+    recompute_masked_with_grad: bool = f(False, "re-score the masked image inside the loss with gradient (off: once per generation batch, no grad)")
+
+
+@dataclass
+class EviPoArm(GrpoArm):
+    """EVI-PO, this project's arm (ARMS.md): GRPO plus direction and evidence terms over an item's views."""
+
+    lambda_direction: float = f(0.1, "coefficient of the direction term L_dir; 0 disables it and its forwards", ge=0.0)
+    tau: float = f(1.0, "temperature of the candidate softmax in L_dir", gt=0.0)
+    lambda_evidence: float = f(0.02, "coefficient of the evidence term L_evi; 0 disables it and its forwards", ge=0.0)
+    kappa: float = f(0.2, "upper clamp of k3(p, m_miss) in L_evi", gt=0.0)
+    mu: Optional[float] = f(None, "weight of the CONTROL invariance part of L_evi; null = lambda_evidence", ge=0.0)
+    eta1: float = f(0.0, "entropy coefficient of the policy branch", ge=0.0)
+    evidence_on_correct_only: bool = f(False, "restrict L_evi to FULL rollouts with reward 1")
+
+
+# --- data, rewards
+
+
+@dataclass
+class DataConfig:
+    name: str = f(MISSING, "option name (conf/data/<name>.yaml); part of run_name")
+    path: Optional[str] = f(None, "dataset root (JSONL records + images + manifest); synthetic: null = cache", semantic=False)
+    cache_dir: str = f("${output_root}/cache/data", "where generated synthetic datasets are cached", semantic=False)
+    train_split: str = f("train", "split the arms train on")
+    eval_split: str = f("test", "held-out split for eval before/after training")
+    eval_max_items: Optional[int] = f(None, "evaluate at most this many views (null = the whole split)", ge=1)
+    num_workers: int = f(0, "dataloader / validation worker processes", semantic=False, ge=0)
+
+
+@dataclass
+class SyntheticData(DataConfig):
+    n_base: int = f(600, "base items; each yields four views (FULL, CONTROL, MISSING, SUBSTITUTE)", ge=4)
+    data_seed: int = f(0, "generator seed; independent of the run seed so every arm and seed sees the same data", ge=0)
+    image_size: Optional[int] = f(None, "image side in pixels; null = 4 x model.patch_size (56 or 64)", ge=14)
+    val_fraction: float = f(0.1, "fraction of base items in split val", ge=0.0, lt=1.0)
+    test_fraction: float = f(0.15, "fraction of base items in split test", gt=0.0, lt=1.0)
+
+
+@dataclass
+class JsonlData(DataConfig):
+    path: Optional[str] = f(None, "required: dataset root in the schema of DESIGN.md section 10 (see harness.data validate)", semantic=False)
+
+
+@dataclass
+class RewardConfig:
+    correct: float = f(1.0, "reward for a parsed answer equal to the view's target (relation-aware)")
+    format_weight: float = f(0.0, "added for a well-formed <answer>...</answer> completion, right or wrong", ge=0.0)
+    invalid_penalty: float = f(0.5, "subtracted for an unparsable or truncated completion", ge=0.0)
+
+
+# --- rollout, placement, logging, budget, training schedule
+
+
+@dataclass
+class RolloutConfig:
+    name: str = f(MISSING, "option name (conf/rollout/<name>.yaml)")
+    backend: RolloutBackend = f(RolloutBackend.hf, "hf: transformers generate; vllm: TRL's vLLM integration")
+    vllm_mode: Optional[VllmMode] = f(None, "colocate (same GPUs) or server (trl vllm-serve)")
+    gpu_memory_utilization: float = f(0.3, "vLLM share of GPU memory (colocate)", semantic=False, gt=0.0, le=1.0)
+    tensor_parallel_size: int = f(1, "vLLM tensor parallel size", semantic=False, ge=1)
+    enable_sleep_mode: bool = f(False, "vLLM sleep mode between generations (colocate)", semantic=False)
+    server_host: str = f("127.0.0.1", "vllm-serve host (server mode)", semantic=False)
+    server_port: int = f(8000, "vllm-serve port (server mode)", semantic=False, ge=1, le=65535)
+    structured_output: bool = f(True, "constrain sampling to the answer-schema regex (vLLM only)")
+    importance_sampling_correction: bool = f(True, "correct the rollout/training mismatch (vLLM only)")
+    importance_sampling_mode: ISCorrectionMode = f(ISCorrectionMode.sequence_mask, "set explicitly: TRL's docstring and code disagree on the default")
+    importance_sampling_clip_max: float = f(3.0, "upper cap of the IS ratio", gt=0.0)
+    importance_sampling_clip_min: float = f(0.0, "lower cap of the IS ratio (mask modes)", ge=0.0)
+
+
+@dataclass
+class PlacementConfig:
+    name: str = f(MISSING, "option name (conf/placement/<name>.yaml)", semantic=False)
+    kind: PlacementKind = f(PlacementKind.single, "single | ddp | fsdp | deepspeed", semantic=False)
+    num_processes: int = f(1, "processes (ranks) per job", semantic=False, ge=1)
+    accelerate_config: Optional[str] = f(None, "Accelerate config file (accelerate/<placement>.yaml in the repo)", semantic=False)
+    device: str = f("auto", "auto (cuda when present, else cpu) | cpu | cuda", semantic=False)
+
+
+@dataclass
+class LoggerConfig:
+    name: str = f(MISSING, "option name (conf/logger/<name>.yaml)", semantic=False)
+    tensorboard: bool = f(False, "also write tensorboard events under the run dir", semantic=False)
+    wandb: bool = f(False, "also log to Weights & Biases", semantic=False)
+    wandb_mode: str = f("offline", "online | offline | disabled", semantic=False)
+    wandb_project: str = f("harness", "wandb project", semantic=False)
+    console: bool = f(True, "one concise line per logged step on stderr", semantic=False)
+
+
+@dataclass
+class BudgetConfig:
+    name: str = f("default", "option name (conf/budget/<name>.yaml)")
+    max_completion_tokens: int = f(MISSING, "sampled completion tokens a run may spend (all ranks), never exceeded", ge=1)
+    max_loss_tokens: int = f(MISSING, "SFT: loss-bearing tokens a run may train on (longest prefix of one epoch that fits)", ge=1)
+    max_steps: int = f(MISSING, "optimizer steps at most (the token budget usually binds first)", ge=1)
+
+
+@dataclass
+class TrainConfig:
+    logging_steps: int = f(1, "log metrics every N optimizer steps", semantic=False, ge=1)
+    save_steps: int = f(20, "checkpoint every N optimizer steps", semantic=False, ge=1)
+    keep_last: int = f(2, "checkpoints kept besides the permanent ones (eval steps, final)", semantic=False, ge=1)
+    eval_before: bool = f(True, "RL arms: evaluate the init policy before training")
+    eval_after: bool = f(True, "evaluate the final policy after training")
+    eval_batch_size: int = f(64, "prompts per greedy eval batch", semantic=False, ge=1)
+
+
+@dataclass
+class Config:
+    """The root schema (conf/config.yaml composes the groups into it)."""
+
+    seed: int = f(0, "run seed: initialization, sampling and data order (not the dataset)", ge=0)
+    output_root: str = f("outputs", "root of run dirs (<output_root>/runs/<run_name>) and caches", semantic=False)
+    mode: Mode = f(Mode.train, "train, or plan: print the plan as JSON and write nothing", semantic=False)
+    run_mode: RunMode = f(RunMode.normal, "normal, or smoke: checkpoint, die, resume in a new process, verify", semantic=False)
+    resume: Resume = f(Resume.auto, "auto: continue a run dir of the same identity; must: refuse when none; never: refuse when it exists", semantic=False)
+    model: ModelConfig = MISSING
+    arm: ArmConfig = MISSING
+    data: DataConfig = MISSING
+    rollout: RolloutConfig = MISSING
+    placement: PlacementConfig = MISSING
+    logger: LoggerConfig = MISSING
+    budget: BudgetConfig = MISSING
+    reward: RewardConfig = f(help="reward shaping shared by every RL arm", factory=RewardConfig)
+    train: TrainConfig = f(help="logging, checkpoint and eval schedule", factory=TrainConfig)
+
+
+# --- registration
+
+#: group -> {schema name -> dataclass}; conf/<group>/<option>.yaml extends /schema/<group>/<name>.
+SCHEMAS: dict[str, dict[str, type]] = {
+    "model": {"model": ModelConfig},
+    "arm": {"sft": SftArm, "grpo": GrpoArm, "papo": PapoArm, "evi_po": EviPoArm},
+    "data": {"synthetic": SyntheticData, "jsonl": JsonlData},
+    "rollout": {"rollout": RolloutConfig},
+    "placement": {"placement": PlacementConfig},
+    "logger": {"logger": LoggerConfig},
+    "budget": {"budget": BudgetConfig},
+}
+
+
+def register(with_help: bool = True) -> None:
+    """Store the root schema and every group schema in Hydra's ConfigStore (idempotent).
+
+    The generated --help text costs ~10 ms, so the CLI builds it only when --help is asked for.
+    """
+    from hydra.core.config_store import ConfigStore
+
+    from harness.help import help_node
+
+    cs = ConfigStore.instance()
+    cs.store(name="base_config", node=Config)
+    for group, schemas in SCHEMAS.items():
+        for name, node in schemas.items():
+            cs.store(group=f"schema/{group}", name=name, node=node)
+    cs.store(group="hydra/help", name="harness", node=help_node() if with_help else {"template": ""})
+
+
+def iter_fields(cls: type, prefix: str = ""):
+    """Yield (dotted path, dataclasses.Field) for every field of a schema class, nested ones included."""
+    hints = typing.get_type_hints(cls)
+    for fld in dataclasses.fields(cls):
+        path = f"{prefix}{fld.name}"
+        yield path, fld
+        for cand in (hints[fld.name], *typing.get_args(hints[fld.name])):
+            if dataclasses.is_dataclass(cand):
+                yield from iter_fields(cand, path + ".")
+                break

@@ -1,0 +1,81 @@
+"""Shared fixtures: one Hydra compose fixture for every config test, and subprocess helpers."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+CONF = REPO / "conf"
+
+
+@pytest.fixture
+def compose_cfg():
+    """compose_cfg(*overrides) -> (DictConfig without the hydra node, choices)."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import open_dict
+
+    from harness import schema
+
+    schema.register(with_help=False)
+
+    def _compose(*overrides: str):
+        with initialize_config_dir(config_dir=str(CONF), version_base="1.3", job_name="harness"):
+            cfg = compose(config_name="config", overrides=list(overrides), return_hydra_config=True)
+        choices = dict(cfg.hydra.runtime.choices)
+        with open_dict(cfg):
+            del cfg["hydra"]
+        return cfg, choices
+
+    return _compose
+
+
+@pytest.fixture
+def plan_of(compose_cfg, tmp_path):
+    """plan_of(*overrides) -> Plan, with output_root under the test's tmp dir."""
+    from harness.plan import build_plan
+
+    def _plan(*overrides: str):
+        cfg, choices = compose_cfg(f"output_root={tmp_path / 'out'}", *overrides)
+        return build_plan(cfg, choices)
+
+    return _plan
+
+
+def run_harness(*args: str, module: str = "harness", cwd: Path | None = None, timeout: float = 120,
+                env: dict | None = None) -> subprocess.CompletedProcess:
+    """`python -m <module> args...` in a subprocess, as a user would run it."""
+    full_env = {**os.environ, **(env or {})}
+    full_env.pop("HYDRA_FULL_ERROR", None)
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd or REPO, capture_output=True,
+                          text=True, timeout=timeout, env=full_env)
+
+
+HEAVY = ("torch", "transformers", "trl", "peft", "accelerate")
+
+
+def heavy_imports(importtime_stderr: str) -> list[str]:
+    """Top-level heavy packages named in `python -X importtime` output."""
+    found = set()
+    for line in importtime_stderr.splitlines():
+        if "|" in line:
+            name = line.rsplit("|", 1)[1].strip()
+            if name.split(".")[0] in HEAVY:
+                found.add(name.split(".")[0])
+    return sorted(found)
+
+
+def pytest_collection_modifyitems(config, items):
+    """gpu tests need a visible CUDA device; network tests run only with HARNESS_NETWORK=1."""
+    from harness.checks import cuda_visible
+
+    has_gpu = cuda_visible()
+    for item in items:
+        if "gpu" in item.keywords and not has_gpu:
+            item.add_marker(pytest.mark.skip(reason="needs a CUDA device (marker gpu)"))
+        if "network" in item.keywords and os.environ.get("HARNESS_NETWORK") != "1":
+            item.add_marker(pytest.mark.skip(reason="needs network access; set HARNESS_NETWORK=1 (marker network)"))

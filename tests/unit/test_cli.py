@@ -1,0 +1,100 @@
+"""The CLI as a user meets it: mode=plan JSON, torch-free and fast; errors without tracebacks; --help, --cfg."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import time
+
+from tests.conftest import heavy_imports, run_harness
+
+
+def test_mode_plan_prints_json_is_torch_free_and_writes_nothing(tmp_path):
+    out_root = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "harness", "mode=plan", f"output_root={out_root}"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    plan = json.loads(proc.stdout)
+    assert len(plan["identity"]["config_sha256"]) == 64 and len(plan["identity"]["semantic_sha256"]) == 64
+    assert plan["run_dir"] == str(out_root / "runs" / plan["run_name"])
+    assert {"budget", "checkpoints", "config"} <= set(plan)
+    assert heavy_imports(proc.stderr) == []
+    assert not out_root.exists()
+    assert list(tmp_path.iterdir()) == [], "mode=plan wrote into the working directory"
+
+
+def _median_wall(cmd: list[str], n: int = 3) -> float:
+    times = []
+    for _ in range(n):
+        t = time.perf_counter()
+        subprocess.run(cmd, capture_output=True, check=True, timeout=60)
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def test_mode_plan_costs_at_most_3x_importing_hydra(tmp_path):
+    base = _median_wall([sys.executable, "-c", "import hydra, omegaconf"])
+    plan = _median_wall([sys.executable, "-m", "harness", "mode=plan", f"output_root={tmp_path}"])
+    print(f"mode=plan {plan:.3f}s vs import hydra {base:.3f}s: {plan / base:.2f}x")
+    assert plan <= 3 * base, f"mode=plan took {plan:.3f}s, {plan / base:.2f}x of `import hydra, omegaconf` ({base:.3f}s)"
+
+
+def test_identity_stable_across_processes(tmp_path):
+    a = json.loads(run_harness("mode=plan", f"output_root={tmp_path}").stdout)["identity"]
+    b = json.loads(run_harness("mode=plan", f"output_root={tmp_path}").stdout)["identity"]
+    c = json.loads(run_harness("mode=plan", f"output_root={tmp_path}", "seed=1").stdout)["identity"]
+    d = json.loads(run_harness("mode=plan", f"output_root={tmp_path}", "logger=tensorboard").stdout)["identity"]
+    assert a == b
+    assert c["semantic_sha256"] != a["semantic_sha256"]
+    assert d["config_sha256"] != a["config_sha256"] and d["semantic_sha256"] == a["semantic_sha256"]
+
+
+def test_unknown_arm_lists_the_arms_without_traceback():
+    proc = run_harness("arm=nope", "mode=plan")
+    assert proc.returncode != 0
+    for arm in ("grpo", "papo", "evi_po", "sft"):
+        assert arm in proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+
+
+def test_misspelled_group_key_fails_at_compose_time_without_traceback():
+    proc = run_harness("armm=grpo", "mode=plan")
+    assert proc.returncode != 0 and "armm" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_wrong_type_names_field_and_value():
+    proc = run_harness("arm.num_generations=eight", "mode=plan")
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert "arm.num_generations" in proc.stderr and "eight" in proc.stderr
+
+
+def test_config_error_exits_2_listing_every_problem():
+    proc = run_harness("mode=plan", "arm.learning_rate=0", "budget.max_completion_tokens=1")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "2 problems" in proc.stderr and "arm.learning_rate" in proc.stderr
+    assert "budget.max_completion_tokens" in proc.stderr and "fix:" in proc.stderr
+
+
+def test_help_and_cfg_job():
+    h = run_harness("--help")
+    assert h.returncode == 0 and "arm: evi_po, grpo, papo, sft" in h.stdout and "arm.gamma" in h.stdout
+    assert "schema/" not in h.stdout.split("Fields")[0]
+    c = run_harness("--cfg", "job", "arm=papo")
+    assert c.returncode == 0 and "gamma: 0.02" in c.stdout and "Traceback" not in c.stderr
+
+
+def test_cfg_job_is_torch_free():
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "harness", "--cfg", "job"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and heavy_imports(proc.stderr) == []
+
+
+def test_vllm_rollout_refused_naming_what_is_missing():
+    proc = run_harness("mode=plan", "rollout=vllm_colocate")
+    assert proc.returncode == 2
+    from harness.checks import cuda_visible
+
+    assert "vllm is not installed" in proc.stderr
+    assert cuda_visible() or "need a CUDA device" in proc.stderr

@@ -1,0 +1,105 @@
+"""Every option of every group composes and plans (or is refused with a named reason); typos fail at compose time."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from hydra.errors import ConfigCompositionException, MissingConfigException
+from omegaconf.errors import ValidationError
+
+from arms import ARMS
+from harness.errors import ConfigError
+from harness.schema import SCHEMAS, Config, iter_fields
+from tests.conftest import CONF
+
+GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir())
+OPTIONS = [(g, y.stem) for g in GROUPS for y in sorted((CONF / g).glob("*.yaml"))]
+
+# Options this CPU machine refuses at plan time, and the field the refusal must name.
+REFUSED_HERE = {
+    ("model", "qwen"): "model.hub_id",  # no real checkpoint in the local HF cache
+    ("rollout", "vllm_colocate"): "rollout",  # vllm not installed, no CUDA device
+    ("rollout", "vllm_server"): "rollout",
+    ("placement", "deepspeed"): "placement",  # deepspeed not installed
+}
+
+
+def test_groups_are_the_designed_ones():
+    assert GROUPS == ["arm", "budget", "data", "debug", "logger", "model", "placement", "rollout"]
+    assert {g: sorted(y.stem for y in (CONF / g).glob("*.yaml")) for g in GROUPS} == {
+        "arm": ["evi_po", "grpo", "papo", "sft"],
+        "budget": ["default"],
+        "data": ["jsonl", "synthetic"],
+        "debug": ["tiny"],
+        "logger": ["jsonl", "none", "tensorboard", "wandb"],
+        "model": ["qwen", "tiny_lm", "tiny_vlm"],
+        "placement": ["ddp", "deepspeed", "fsdp", "single"],
+        "rollout": ["hf", "vllm_colocate", "vllm_server"],
+    }
+
+
+def test_defaults(compose_cfg):
+    _, choices = compose_cfg()
+    assert {k: choices[k] for k in ("arm", "model", "data", "rollout", "placement", "logger")} == {
+        "arm": "grpo", "model": "tiny_vlm", "data": "synthetic", "rollout": "hf", "placement": "single", "logger": "jsonl"}
+
+
+@pytest.mark.parametrize("group,option", OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
+def test_every_option_composes_and_plans(plan_of, tmp_path, group, option):
+    extra = [f"data.path={tmp_path}"] if (group, option) == ("data", "jsonl") else []
+    if (group, option) in REFUSED_HERE:
+        with pytest.raises(ConfigError) as err:
+            plan_of(f"{group}={option}", *extra)
+        assert any(p.field == REFUSED_HERE[(group, option)] for p in err.value.problems), err.value.render()
+        return
+    plan = plan_of(f"{group}={option}", *extra)
+    assert plan.choices[group] == option
+    if group not in ("debug", "budget"):
+        assert plan.config[group]["name"] == option
+
+
+def test_arm_registry_conf_and_schemas_share_names():
+    assert set(ARMS) == {y.stem for y in (CONF / "arm").glob("*.yaml")} == set(SCHEMAS["arm"])
+
+
+def test_every_schema_field_has_one_line_help():
+    classes = [Config] + [c for schemas in SCHEMAS.values() for c in schemas.values()]
+    missing = [f"{c.__name__}.{p}" for c in classes for p, fld in iter_fields(c)
+               if not fld.metadata.get("help") and not p.split(".")[0] in SCHEMAS]
+    assert missing == []
+    multi = [p for c in classes for p, fld in iter_fields(c) if "\n" in fld.metadata.get("help", "")]
+    assert multi == []
+
+
+@pytest.mark.parametrize("override,exc", [
+    ("arm.learning_rat=1e-3", ConfigCompositionException),  # misspelled key
+    ("armm=grpo", ConfigCompositionException),  # misspelled group
+    ("arm=nope", MissingConfigException),  # unknown option
+    ("arm.num_generations=eight", ConfigCompositionException),  # wrong type
+    ("model.tuning=qlora", ConfigCompositionException),  # not in the enum
+    ("mode=dryrun", ConfigCompositionException),
+])
+def test_typos_fail_at_compose_time(compose_cfg, override, exc):
+    with pytest.raises(exc):
+        compose_cfg(override)
+
+
+def test_wrong_type_names_the_field(compose_cfg):
+    with pytest.raises(ConfigCompositionException) as err:
+        compose_cfg("arm.num_generations=eight")
+    assert isinstance(err.value.__cause__, ValidationError)
+    assert "arm.num_generations" in str(err.value.__cause__)
+
+
+def test_schema_defaults_are_valid_values():
+    """A default outside its own declared bounds would make every run fail plan."""
+    for schemas in SCHEMAS.values():
+        for cls in schemas.values():
+            for path, fld in iter_fields(cls):
+                d = fld.default
+                if isinstance(d, (int, float)) and not isinstance(d, bool):
+                    for key, ok in (("ge", d >= fld.metadata.get("ge", d)), ("gt", d > fld.metadata.get("gt", d - 1)),
+                                    ("le", d <= fld.metadata.get("le", d)), ("lt", d < fld.metadata.get("lt", d + 1))):
+                        assert ok, f"{cls.__name__}.{path} default {d} violates {key}"
+    assert dataclasses.is_dataclass(Config)

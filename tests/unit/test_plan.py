@@ -1,0 +1,133 @@
+"""Plan identity tiers, error aggregation, warnings, budget and checkpoint schedule."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.errors import ConfigError
+from harness.identity import config_hashes, drop_paths
+
+
+def ids(plan):
+    return plan.identity["config_sha256"], plan.identity["semantic_sha256"]
+
+
+def test_identity_is_stable(plan_of):
+    assert ids(plan_of()) == ids(plan_of())
+    assert plan_of().run_name == plan_of().run_name
+
+
+@pytest.mark.parametrize("override,config_changes,semantic_changes", [
+    ("seed=1", True, True),
+    ("arm.learning_rate=2e-4", True, True),
+    ("data.n_base=700", True, True),
+    ("reward.invalid_penalty=1.0", True, True),
+    ("logger=tensorboard", True, False),
+    ("logger=wandb", True, False),
+    ("train.logging_steps=5", True, False),
+    ("train.save_steps=10", True, False),
+    ("data.num_workers=2", True, False),
+    ("model.cache_dir=/elsewhere", True, False),
+    ("placement=ddp", True, False),
+])
+def test_identity_tiers(plan_of, override, config_changes, semantic_changes):
+    base_cfg, base_sem = ids(plan_of())
+    cfg, sem = ids(plan_of(override))
+    assert (cfg != base_cfg) == config_changes
+    assert (sem != base_sem) == semantic_changes
+
+
+def test_output_root_changes_neither_hash(compose_cfg, tmp_path):
+    from harness.plan import build_plan
+
+    a = build_plan(compose_cfg(f"output_root={tmp_path}/a")[0])
+    b = build_plan(compose_cfg(f"output_root={tmp_path}/b")[0])
+    # output_root is in the config (config_sha256 differs) but not in the semantic view
+    assert a.identity["semantic_sha256"] == b.identity["semantic_sha256"]
+    assert a.run_name == b.run_name and a.run_dir != b.run_dir
+
+
+def test_run_name_and_dir(plan_of, tmp_path):
+    plan = plan_of("arm=papo", "seed=3")
+    sem = plan.identity["semantic_sha256"]
+    assert plan.run_name == f"papo-tiny_vlm-synthetic-s3-{sem[:8]}"
+    assert plan.run_dir == str(tmp_path / "out" / "runs" / plan.run_name)
+
+
+def test_hashes_recompute_from_the_stored_config(plan_of):
+    plan = plan_of("arm=evi_po")
+    assert config_hashes(plan.config, plan.identity["non_semantic_fields"]) == ids(plan)
+    sem_view = drop_paths(plan.config, plan.identity["non_semantic_fields"])
+    assert "logger" in sem_view and sem_view["logger"] == {} and "output_root" not in sem_view
+    assert sem_view["arm"]["learning_rate"] == plan.config["arm"]["learning_rate"]
+
+
+def test_errors_are_aggregated_with_field_value_why_fix(plan_of):
+    with pytest.raises(ConfigError) as err:
+        plan_of("arm.learning_rate=-1", "arm.num_generations=1", "budget.max_completion_tokens=10",
+                "data.eval_split=train", "arm.top_p=1.5")
+    fields = [p.field for p in err.value.problems]
+    assert fields == ["arm.learning_rate", "arm.num_generations", "arm.top_p", "budget.max_completion_tokens",
+                      "data.eval_split"]
+    text = err.value.render()
+    assert text.startswith("ConfigError: 5 problems")
+    assert "fix:" in text and "arm.learning_rate = -1.0" in text
+    for p in err.value.problems:
+        assert p.why and p.fix
+
+
+def test_cross_field_checks(plan_of):
+    cases = {
+        "arm.prompts_per_step=3": None,  # 3x8=24 splits over 1 process x 1 accumulation: fine
+    }
+    for override in cases:
+        plan_of(override)
+    with pytest.raises(ConfigError) as err:
+        plan_of("placement=ddp", "placement.num_processes=3")  # 4 x 8 = 32 completions over 3 ranks
+    assert err.value.problems[0].field == "arm.prompts_per_step"
+    assert "32" in err.value.problems[0].why and "3" in err.value.problems[0].why
+    with pytest.raises(ConfigError) as err:
+        plan_of("arm.steps_per_generation=4", "train.save_steps=6")
+    assert err.value.problems[0].field == "train.save_steps"
+    with pytest.raises(ConfigError) as err:
+        plan_of("model=tiny_lm", "arm=papo")
+    assert err.value.problems[0].field == "arm"
+    with pytest.raises(ConfigError) as err:
+        plan_of("arm.init=/does/not/exist")
+    assert err.value.problems[0].field == "arm.init"
+
+
+def test_missing_required_value_is_a_config_error(plan_of):
+    with pytest.raises(ConfigError) as err:
+        plan_of("data=jsonl")  # data.path is required
+    assert [p.field for p in err.value.problems] == ["data.path"]
+
+
+def test_warnings(plan_of):
+    assert any("gamma" in w for w in plan_of("arm=papo", "arm.gamma=0.05").warnings)
+    assert not any("gamma" in w for w in plan_of("arm=papo").warnings)
+    assert any("lora" in w.lower() for w in plan_of("model.tuning=lora").warnings)
+
+
+def test_budget_and_checkpoint_schedule(plan_of):
+    plan = plan_of("budget.max_completion_tokens=1000", "budget.max_steps=10", "train.save_steps=4")
+    assert plan.budget["per_step_upper_bound"] == 4 * 8 * 16
+    assert plan.budget["guaranteed_steps"] == 1000 // 512 == 1
+    assert plan.budget["completion_token_ceiling"] == 1000
+    assert plan.checkpoints["planned_steps"] == [4, 8]
+    sft = plan_of("arm=sft")
+    assert sft.budget["kind"] == "loss_tokens"
+
+
+def test_debug_tiny_shrinks_the_run(plan_of):
+    plan = plan_of("debug=tiny")
+    assert plan.config["budget"]["max_steps"] == 8 and plan.config["train"]["save_steps"] == 2
+    assert plan.choices["debug"] == "tiny"
+
+
+def test_identity_placeholders(plan_of):
+    ident = plan_of().identity
+    assert ident["data"]["kind"] == "synthetic" and len(ident["data"]["spec_sha256"]) == 64
+    assert ident["model"]["kind"] == "tiny" and len(ident["model"]["spec_sha256"]) == 64
+    assert set(ident["code"]) >= {"commit", "dirty"}
+    assert ident["environment"]["packages"]["trl"] == "1.16.0"
