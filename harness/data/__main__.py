@@ -1,0 +1,97 @@
+"""`python -m harness.data {synth,validate,convert-hf,manifest,identity}`: dataset commands.
+
+Every refusal prints its problems (file, line, field, why, fix) on stderr without a traceback
+and exits with the error's code (2 for data and argument problems). validate is torch-free.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from harness.errors import HarnessError
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m harness.data", description="Datasets of the harness (DESIGN.md section 10).")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    s = sub.add_parser("synth", help="write the synthetic four-relation evidence set")
+    s.add_argument("--out", required=True, help="output folder (must be absent or empty unless --force)")
+    s.add_argument("--n-base", type=int, default=600, help="base items; each gives four views (default 600: >= 300 test views)")
+    s.add_argument("--seed", type=int, default=0, help="data seed (default 0)")
+    s.add_argument("--image-size", type=int, default=56, help="image side in pixels: 4 x patch size, 56 or 64 (default 56)")
+    s.add_argument("--val-fraction", type=float, default=0.1)
+    s.add_argument("--test-fraction", type=float, default=0.15)
+    s.add_argument("--workers", type=int, default=0, help="rendering processes (0: in this process)")
+    s.add_argument("--force", action="store_true", help="replace a non-empty --out")
+
+    v = sub.add_parser("validate", help="check a dataset against the contract (torch-free, memoized)")
+    v.add_argument("root")
+    v.add_argument("--cache-dir", default=None, help="memo folder (default $XDG_CACHE_HOME/harness/validate)")
+    v.add_argument("--no-cache", action="store_true", help="always run the full check")
+    v.add_argument("--workers", type=int, default=0, help="threads for image digests and decodes")
+
+    c = sub.add_parser("convert-hf", help="convert a datasets save_to_disk folder into this schema")
+    c.add_argument("src")
+    c.add_argument("--out", required=True)
+    c.add_argument("--image-column", default="image", help="image column (a list of images is fine); 'none' for text-only")
+    c.add_argument("--question-column", default="question")
+    c.add_argument("--answer-column", default="answer")
+    c.add_argument("--answer-type", default="word", choices=("word", "number", "choice"))
+    c.add_argument("--split-column", default=None, help="default: the DatasetDict's split names, else all train")
+    c.add_argument("--choices-column", default=None, help="list of option texts (keys A, B, ...) or of {key, text}")
+    c.add_argument("--relation-column", default=None, help="FULL / CONTROL / MISSING / SUBSTITUTE per row (default: all FULL)")
+    c.add_argument("--base-column", default=None, help="base item id (default: the row position)")
+    c.add_argument("--group-column", default=None, help="question group id (default: the base id)")
+    c.add_argument("--force", action="store_true", help="replace a non-empty --out")
+
+    m = sub.add_parser("manifest", help="write manifest.json for a hand-made dataset, then validate it")
+    m.add_argument("root")
+    m.add_argument("--fill-digests", action="store_true", help="first set the rows' image sha256 from the files")
+
+    i = sub.add_parser("identity", help="print the data identity from manifest.json (JSON)")
+    i.add_argument("root")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.cmd == "synth":
+            from harness.data.synth import write_synthetic
+            from harness.data.validate import validate_dataset
+
+            out = write_synthetic(args.out, n_base=args.n_base, data_seed=args.seed, image_size=args.image_size, val_fraction=args.val_fraction, test_fraction=args.test_fraction, workers=args.workers, force=args.force)
+            print(f"wrote {out}: " + validate_dataset(out).summary())
+        elif args.cmd == "validate":
+            from harness.data.validate import validate_dataset
+
+            report = validate_dataset(args.root, cache_dir=args.cache_dir, workers=args.workers, memoize=not args.no_cache)
+            print(report.summary())
+        elif args.cmd == "convert-hf":
+            from harness.data.convert import convert_hf
+            from harness.data.validate import validate_dataset
+
+            image_column = None if args.image_column.lower() == "none" else args.image_column
+            out = convert_hf(args.src, args.out, image_column=image_column, question_column=args.question_column, answer_column=args.answer_column, answer_type=args.answer_type, split_column=args.split_column, choices_column=args.choices_column, relation_column=args.relation_column, base_column=args.base_column, group_column=args.group_column, force=args.force)
+            print(f"wrote {out}: " + validate_dataset(out).summary())
+        elif args.cmd == "manifest":
+            from harness.data.manifest import seal_dataset
+            from harness.data.validate import validate_dataset
+
+            seal_dataset(args.root, fill_digests=args.fill_digests)
+            print(validate_dataset(args.root).summary())
+        elif args.cmd == "identity":
+            from harness.data.manifest import data_identity
+
+            print(json.dumps(data_identity(args.root), indent=1, sort_keys=True))
+    except HarnessError as e:
+        print(str(e), file=sys.stderr)
+        return e.exit_code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

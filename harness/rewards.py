@@ -1,0 +1,103 @@
+"""The harness reward: relation-aware answer correctness, optional format term, invalid penalty.
+
+    total = correct_term + format_term + invalid_term
+
+- correct_term = cfg.correct when the completion is valid and its normalized answer equals the
+  view's target in target space (harness.answers): abstaining ("" after normalization) is
+  correct only on MISSING views, and on MISSING any non-abstention is wrong. Else 0.
+- format_term = cfg.format_weight for a valid completion (well-formed and not truncated), right
+  or wrong; 0 otherwise.
+- invalid_term = -cfg.invalid_penalty for an invalid completion: unparsable, OR truncated.
+  A truncated completion hit the length limit before end-of-sequence, so it is invalid even
+  when its text happens to parse (the tags may be cut mid-answer, and rewarding it would teach
+  the policy to run into the limit); it earns neither correctness nor format. The trainer masks
+  truncated completions from the loss separately; they still count against the budget.
+
+`score` is pure and torch-free; ScoreTrace is one row of traces/rank-<r>.jsonl minus provenance
+(the trainer adds completion id and identity).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from typing import Any, Mapping, Protocol
+
+from harness.answers import normalize_answer, normalize_target, parse_answer
+
+
+class RewardWeights(Protocol):
+    """What `score` reads from its config (harness.schema.RewardConfig, or any object with these)."""
+
+    correct: float
+    format_weight: float
+    invalid_penalty: float
+
+
+@dataclass(frozen=True)
+class ScoreTrace:
+    parsed: str | None  # text between the tags, None when malformed
+    prediction: str | None  # target space: "" = abstention, None = unparsable or unrecognized
+    gold: str  # the view's target in target space
+    components: dict[str, float]  # correct, format, invalid
+    total: float
+    parser_error: str | None  # harness.answers error code, or "truncated"
+    relation: str
+    truncated: bool
+    answer_type: str
+    abstained: bool
+    correct: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_json(self) -> str:
+        """One compact JSON line (sorted keys) for the reward trace."""
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def score(completion: str, record: Mapping[str, Any], *, truncated: bool, cfg: RewardWeights) -> ScoreTrace:
+    """Score one completion for one dataset row (fields relation, answer_type, target, choices)."""
+    relation, atype, choices = str(record["relation"]), str(record["answer_type"]), record.get("choices")
+    gold = normalize_target(str(record["target"]), atype, choices)
+    parsed = parse_answer(completion)
+    prediction = normalize_answer(parsed.answer, atype, choices) if parsed.ok else None
+    valid = parsed.ok and not truncated
+    abstained = prediction == ""
+    if relation == "MISSING":
+        correct = valid and abstained
+    else:
+        correct = valid and not abstained and prediction is not None and prediction == gold
+    components = {
+        "correct": float(cfg.correct) if correct else 0.0,
+        "format": float(cfg.format_weight) if valid else 0.0,
+        "invalid": 0.0 if valid else -float(cfg.invalid_penalty),
+    }
+    error = parsed.error if parsed.error is not None else ("truncated" if truncated else None)
+    return ScoreTrace(
+        parsed=parsed.answer,
+        prediction=prediction,
+        gold=gold,
+        components=components,
+        total=components["correct"] + components["format"] + components["invalid"],
+        parser_error=error,
+        relation=relation,
+        truncated=truncated,
+        answer_type=atype,
+        abstained=abstained,
+        correct=correct,
+    )
+
+
+def completion_text(completion: Any) -> str:
+    """The text of a completion as TRL passes it: a string, or a chat list of assistant messages."""
+    if isinstance(completion, str):
+        return completion
+    parts = []
+    for msg in completion:
+        content = msg.get("content", "") if isinstance(msg, Mapping) else msg
+        if isinstance(content, str):
+            parts.append(content)
+        else:  # [{"type": "text", "text": ...}, ...]
+            parts.extend(p.get("text", "") for p in content if isinstance(p, Mapping) and p.get("type") == "text")
+    return "".join(parts)
