@@ -1,0 +1,97 @@
+"""An image-only Qwen-VL processor that works without torchvision, for the tiny local VLMs.
+
+Why: in transformers 5.x every Qwen-VL processor (Qwen2VLProcessor, Qwen2_5_VLProcessor,
+Qwen3VLProcessor) takes a video processor, and every video processor needs torchvision, which
+cannot be installed next to the CPU torch wheel here (PLATFORM.md "Installing"). The stock
+processor cannot even be constructed. `HarnessVLProcessor` is Qwen2VLProcessor minus the video
+processor: `ProcessorMixin.get_attributes` reads the sub-processors off `__init__`'s signature,
+so an `__init__` without `video_processor` makes save/load/call skip video entirely.
+
+One class serves all three families: their processors differ only in video handling (frame
+timestamps for Qwen3-VL, second_per_grid_ts for Qwen2.5-VL); the image path (image_grid_thw,
+<|image_pad|> x (t*h*w / merge^2), mm_token_type_ids for M-RoPE) is the same. The family-specific
+parts are the image processor's settings (`image_processor_for`): patch 14 and CLIP mean/std for
+Qwen2/2.5-VL, patch 16 and mean/std 0.5 for Qwen3-VL, as in the released checkpoints.
+
+Images are never upscaled: min_pixels is one merged cell ((patch*merge)^2), so a 56x56 image at
+patch 14 (or 64x64 at patch 16) stays 56x56 -> 4x4 patches -> 4 image tokens after the 2x2 merge.
+max_pixels caps a large user image at MAX_IMAGE_TOKENS tokens.
+
+Reloading: the processor is saved with processor_class "HarnessVLProcessor". AutoProcessor finds
+it by that name only in PROCESSOR_MAPPING's registered extras, so `register_auto_classes()` must
+have run. `import harness.models` arranges it lazily (harness/models/__init__.py); importing
+this module registers at once. On a machine with torchvision a real checkpoint's stock processor
+is used unchanged; this class is for the tiny models.
+"""
+
+from __future__ import annotations
+
+from transformers.image_utils import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
+from transformers.models.auto.processing_auto import AutoProcessor
+from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+from transformers.models.qwen2_vl.processing_qwen2_vl import Qwen2VLProcessor
+from transformers.processing_utils import ProcessorMixin
+
+from harness.models.tokenizer import IMAGE_PAD, VIDEO_PAD, VISION_END, VISION_START
+
+MERGE_SIZE = 2  # spatial merge of the Qwen-VL vision towers (2x2 patches -> 1 token)
+TEMPORAL_PATCH_SIZE = 2  # a still image is repeated twice along time (Qwen-VL convention)
+MAX_IMAGE_TOKENS = 64  # cap on tokens per image after the merge (a 448x448 image at patch 14)
+
+
+def image_processor_for(family: str, patch_size: int) -> Qwen2VLImageProcessorPil:
+    """The PIL (no torchvision) Qwen2-VL image processor with the family's settings."""
+    cell = patch_size * MERGE_SIZE  # one merged token covers cell x cell pixels
+    qwen3 = family == "qwen3_vl"
+    return Qwen2VLImageProcessorPil(
+        patch_size=patch_size,
+        merge_size=MERGE_SIZE,
+        temporal_patch_size=TEMPORAL_PATCH_SIZE,
+        min_pixels=cell * cell,  # never upscale beyond one token's cell
+        max_pixels=cell * cell * MAX_IMAGE_TOKENS,
+        image_mean=[0.5, 0.5, 0.5] if qwen3 else list(OPENAI_CLIP_MEAN),
+        image_std=[0.5, 0.5, 0.5] if qwen3 else list(OPENAI_CLIP_STD),
+    )
+
+
+class HarnessVLProcessor(Qwen2VLProcessor):
+    """Qwen2VLProcessor without a video processor (works for Qwen2-VL, Qwen2.5-VL, Qwen3-VL images).
+
+    Calling it with `videos=` is refused: there is no video processor to run.
+    """
+
+    def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
+        # Same token bookkeeping as Qwen2VLProcessor/Qwen3VLProcessor.__init__, which we cannot call:
+        # it passes a video_processor positionally to ProcessorMixin.
+        self.image_token = getattr(tokenizer, "image_token", None) or IMAGE_PAD
+        self.video_token = getattr(tokenizer, "video_token", None) or VIDEO_PAD
+        self.image_token_id = tokenizer.convert_tokens_to_ids(self.image_token)
+        self.video_token_id = tokenizer.convert_tokens_to_ids(self.video_token)
+        self.vision_start_token = VISION_START
+        self.vision_end_token = VISION_END
+        self.vision_start_token_id = tokenizer.convert_tokens_to_ids(VISION_START)
+        self.vision_end_token_id = tokenizer.convert_tokens_to_ids(VISION_END)
+        ProcessorMixin.__init__(self, image_processor, tokenizer, chat_template=chat_template)
+
+    def __call__(self, images=None, text=None, videos=None, audio=None, **kwargs):
+        if videos is not None:
+            raise ValueError(
+                "HarnessVLProcessor is image-only (no torchvision, so no video processor); "
+                "pass images, or use the stock Qwen-VL processor on a machine with torchvision."
+            )
+        return super().__call__(images=images, text=text, audio=audio, **kwargs)
+
+
+class _ProcessorRegistryKey:
+    """Registry key for AutoProcessor.register. AutoProcessor resolves a saved processor by its
+    class name (processor_config.json "processor_class") among the registered extras; the key is
+    only consulted for a config of this exact type, which no model has, so stock Qwen-VL
+    checkpoints keep their stock processors."""
+
+
+def register_auto_classes() -> None:
+    """Make AutoProcessor.from_pretrained find HarnessVLProcessor (idempotent)."""
+    AutoProcessor.register(_ProcessorRegistryKey, HarnessVLProcessor, exist_ok=True)
+
+
+register_auto_classes()
