@@ -32,6 +32,6 @@ ARMS: dict[str, ArmSpec] = {
 }
 
 
-def load_trainer(name: str):
-    """The arm's TRL trainer subclass (imports torch and trl: call only where training happens)."""
-    return importlib.import_module(ARMS[name].module).TRAINER
+def build_trainer(name: str, ctx):
+    """The arm's TRL trainer, built from an arms.common.BuildContext (imports torch and trl)."""
+    return importlib.import_module(ARMS[name].module).build_trainer(ctx)

@@ -34,13 +34,13 @@ def setup_logging() -> None:
     log.propagate = False
 
 
-def run(cfg: DictConfig, choices: dict | None = None) -> int:
+def run(cfg: DictConfig, choices: dict | None = None, overrides: list[str] | None = None) -> int:
     """One job: plan, then print it or execute it. Returns the process exit code."""
     from harness.plan import build_plan, plan_json
 
     setup_logging()
     try:
-        plan = build_plan(cfg, choices)
+        plan = build_plan(cfg, choices, overrides)
         if plan.config["mode"] == "plan":
             print(plan_json(plan))
             for w in plan.warnings:
@@ -58,7 +58,8 @@ def run(cfg: DictConfig, choices: dict | None = None) -> int:
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
 def _entry(cfg: DictConfig) -> None:
-    code = run(cfg, dict(HydraConfig.get().runtime.choices))
+    hc = HydraConfig.get()
+    code = run(cfg, dict(hc.runtime.choices), list(hc.overrides.task))
     if code:
         raise SystemExit(code)
 
@@ -76,27 +77,47 @@ def _chain(exc: BaseException) -> str:
     return "\n".join(parts)
 
 
+def compose(argv: list[str]):
+    """(config without the hydra node, group choices) composed once with Hydra's compose API."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import open_dict
+
+    if GlobalHydra.instance().is_initialized():  # inside a Hydra app (e.g. a multirun job): same search path
+        cfg = hydra_compose(config_name="config", overrides=argv, return_hydra_config=True)
+    else:
+        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3", job_name="harness"):
+            cfg = hydra_compose(config_name="config", overrides=argv, return_hydra_config=True)
+    choices = dict(cfg.hydra.runtime.choices)
+    with open_dict(cfg):
+        del cfg["hydra"]
+    return cfg, choices
+
+
+def compose_plan(argv: list[str]):
+    """The Plan of a command line (used for derived runs, e.g. the SFT warm start of an RL run)."""
+    from harness.plan import build_plan
+
+    cfg, choices = compose(argv)
+    return build_plan(cfg, choices, argv)
+
+
 def compose_and_run(argv: list[str]) -> int:
     """A single job composed once with Hydra's compose API (same overrides grammar and errors).
 
     `hydra.main` composes every config twice (once to read hydra.mode); a single run does not
     need that, and each rank of a multi-process launch pays the start-up cost again.
     """
-    from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
-    from omegaconf import open_dict
     from omegaconf.errors import OmegaConfBaseException
 
     try:
-        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3", job_name="harness"):
-            cfg = compose(config_name="config", overrides=argv, return_hydra_config=True)
+        cfg, choices = compose(argv)
     except (HydraException, OmegaConfBaseException) as exc:
         print(_chain(exc) + "\n(config error at compose time; see `python -m harness --help`)", file=sys.stderr)
         return 1
-    choices = dict(cfg.hydra.runtime.choices)
-    with open_dict(cfg):
-        del cfg["hydra"]
-    return run(cfg, choices)
+    return run(cfg, choices, argv)
 
 
 def main() -> None:

@@ -1,33 +1,42 @@
-"""The run lifecycle after planning: claim the run dir, then the stages that train.
+"""The run lifecycle after planning:
 
-    claim (lock, manifest) -> prepare data -> build model -> train -> finalize
+    claim (lock, manifest) -> prepare data -> build policy -> train -> finalize -> summary
 
-Training lands with the training issue; until then a train-mode run stops after claiming its
-run dir, with its manifest at status `planned`, and says so.
+A completed run is left untouched (running the same command again says so). A failure marks
+the manifest `failed` with the error, and re-raises; nothing half-written looks complete
+(completion.json and the status `completed` are written last).
 """
 
 from __future__ import annotations
 
 import logging
+import traceback
 
 from harness.plan import Plan
-from harness.rundir import claim
+from harness.rundir import claim, read_json
 
 log = logging.getLogger("harness")
 
 
 def execute(plan: Plan) -> int:
     with claim(plan) as run:
-        status = run.manifest["status"]
-        if status == "completed":
-            log.info("run %s is already complete; nothing to do (%s)", plan.run_name, run.path)
+        if run.manifest["status"] == "completed":
+            log.info("run %s is already complete; nothing to do.", plan.run_name)
+            log.info("  %s", run.path)
+            _summary(plan, read_json(run.path / "completion.json"))
             return 0
-        log.info("run dir: %s (%s)", run.path, "existing, status " + status if run.resumed else "new")
-        log.info("planned: arm=%s model=%s data=%s seed=%s, budget %s",
-                 plan.config["arm"]["name"], plan.config["model"]["name"], plan.config["data"]["name"],
-                 plan.config["seed"], _budget_line(plan))
-        log.info("training is not implemented yet (it lands with the training issue): the run dir holds the "
-                 "plan with status 'planned'. Inspect it with: python -m harness.verify %s", run.path)
+        log.info("run dir: %s (%s)", run.path, f"existing, status {run.manifest['status']}" if run.resumed else "new")
+        log.info("plan: arm=%s model=%s data=%s seed=%s; budget %s", plan.config["arm"]["name"],
+                 plan.config["model"]["name"], plan.config["data"]["name"], plan.config["seed"], _budget_line(plan))
+        from harness.train import run_training
+
+        try:
+            completion = run_training(plan, run)
+        except BaseException as exc:
+            run.set_status("failed", error={"type": type(exc).__name__, "message": str(exc)[:2000],
+                                            "traceback": traceback.format_exc()[-4000:]})
+            raise
+        _summary(plan, completion)
         return 0
 
 
@@ -36,3 +45,25 @@ def _budget_line(plan: Plan) -> str:
     if b["kind"] == "completion_tokens":
         return f"{b['completion_token_ceiling']} sampled tokens, <= {b['max_steps']} steps"
     return f"{b['loss_token_ceiling']} loss tokens, <= {b['max_steps']} steps"
+
+
+def _summary(plan: Plan, comp: dict) -> None:
+    """The end-of-run table: arm, steps, budget use, accuracy before -> after per relation, run dir."""
+    lines = [f"{'arm':<8} {'steps':>5}  {'budget':<28} run dir"]
+    if "completion_token_ceiling" in comp:
+        used = f"{comp['realized_completion_tokens']}/{comp['completion_token_ceiling']} tokens"
+    else:
+        used = f"{comp['realized_loss_tokens']}/{comp['loss_token_ceiling']} loss tok"
+    lines.append(f"{comp['arm']:<8} {comp['optimizer_steps']:>5}  {used:<28} {plan.run_dir}")
+    before, after = comp.get("eval_before") or {}, comp.get("eval_after") or {}
+    if after:
+        lines.append(f"  eval ({after.get('split')}, greedy, n={after.get('n')}):   before -> after")
+        rels = ["overall", *after.get("per_relation", {})]
+        for rel in rels:
+            a = after if rel == "overall" else after["per_relation"][rel]
+            b = before if rel == "overall" else (before.get("per_relation") or {}).get(rel, {})
+            extra = f"   (abstains {a['abstention_rate']:.2f})" if rel in ("MISSING", "FULL") else ""
+            bs = f"{b['accuracy']:.3f}" if b.get("accuracy") is not None else "  -  "
+            lines.append(f"    {rel:<11} accuracy {bs} -> {a['accuracy']:.3f}{extra}")
+    for line in lines:
+        log.info("%s", line)

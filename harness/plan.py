@@ -43,6 +43,7 @@ class Plan:
     budget: dict
     checkpoints: dict
     warnings: list = field(default_factory=list)
+    overrides: list = field(default_factory=list)  # the command line's overrides (not part of identity)
 
     @property
     def arm(self) -> str:
@@ -58,18 +59,20 @@ class Plan:
             "checkpoints": self.checkpoints,
             "choices": self.choices,
             "warnings": self.warnings,
+            "overrides": self.overrides,
             "config": self.config,
         }
 
 
-def build_plan(cfg: DictConfig | Config, choices: Mapping[str, Any] | None = None) -> Plan:
+def build_plan(cfg: DictConfig | Config, choices: Mapping[str, Any] | None = None,
+               overrides: list[str] | None = None) -> Plan:
     typed = _to_typed(cfg)
     findings = run_checks(typed)
     if findings.problems:
         raise ConfigError(findings.problems)
 
     config = ident.to_jsonable(typed)
-    non_semantic = ident.non_semantic_paths(typed)
+    non_semantic = ident.non_semantic_paths(typed) + irrelevant_to_arm(typed)
     config_sha, semantic_sha = ident.config_hashes(config, non_semantic)
     run_name = make_run_name(typed, semantic_sha)
     run_dir = os.path.abspath(os.path.join(typed.output_root, "runs", run_name))
@@ -91,7 +94,19 @@ def build_plan(cfg: DictConfig | Config, choices: Mapping[str, Any] | None = Non
         budget=budget_summary(typed),
         checkpoints=checkpoint_schedule(typed),
         warnings=findings.warnings,
+        overrides=list(overrides or []),
     )
+
+
+def irrelevant_to_arm(cfg: Config) -> list[str]:
+    """Fields the arm never reads: left out of semantic_sha256 so they cannot split identical runs.
+
+    SFT samples nothing (no rollout, reward or token budget); RL arms have no loss-token cap.
+    Runs of a sweep that differ only there then share one SFT warm start.
+    """
+    if ARMS[cfg.arm.name].rl:
+        return ["budget.max_loss_tokens"]
+    return ["budget.max_completion_tokens", "rollout", "reward", "train.eval_before"]
 
 
 def _to_typed(cfg: DictConfig | Config) -> Config:
@@ -127,18 +142,21 @@ def make_run_name(cfg: Config, semantic_sha: str) -> str:
 
 
 def data_identity(cfg: Config) -> dict:
+    """Spec identity now (cheap, torch-free); the content digest when the dataset is already on disk."""
+    from harness.data import data_identity as read_identity
+    from harness.data.spec import synthetic_dir, synthetic_spec, synthetic_spec_sha256
+
     d = cfg.data
     if isinstance(d, SyntheticData):
-        spec = ident.to_jsonable(d, keep=ident.is_semantic)
-        for k in ("name", "train_split", "eval_split", "eval_max_items"):  # how the set is used, not what it is
-            spec.pop(k, None)
-        spec["image_size"] = d.image_size or 4 * cfg.model.patch_size
-        return {"kind": "synthetic", "spec": spec, "spec_sha256": ident.sha256_text(ident.canonical_json(spec)),
-                "content_sha256": None}
+        args = dict(n_base=d.n_base, data_seed=d.data_seed, image_size=d.image_size or 4 * cfg.model.patch_size,
+                    val_fraction=d.val_fraction, test_fraction=d.test_fraction)
+        root = synthetic_dir(d.cache_dir, **args)
+        content = read_identity(root)["sha256"] if (root / "manifest.json").is_file() else None
+        return {"kind": "synthetic", "spec": synthetic_spec(**args), "spec_sha256": synthetic_spec_sha256(**args),
+                "content_sha256": content}
     manifest = os.path.join(d.path or "", "manifest.json")
     return {"kind": "jsonl", "path": d.path,
-            "manifest_sha256": ident.sha256_file(manifest) if os.path.isfile(manifest) else None,
-            "content_sha256": None}
+            "content_sha256": read_identity(d.path)["sha256"] if os.path.isfile(manifest) else None}
 
 
 def model_identity(cfg: Config) -> dict:

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import copy
 import datetime as dt
 import fcntl
 import json
@@ -180,6 +181,8 @@ def claim(plan, resume: str | None = None) -> RunDir:
                     str(path), diffs,
                     "run the original command to resume this run, or change output_root / seed for a new run",
                 )
+            if manifest.get("status") == "completed":  # nothing to do: leave every file as it is
+                return RunDir(path, manifest, resumed=True, _fd=fd)
             changes = config_diffs(manifest["plan"]["config"], plan.config)
             if changes or manifest.get("identity", {}).get("code") != plan.identity.get("code"):
                 manifest.setdefault("resumes", []).append({
@@ -197,8 +200,8 @@ def claim(plan, resume: str | None = None) -> RunDir:
             "status": "planned",
             "created_at": now(),
             "updated_at": now(),
-            "identity": plan.identity,
-            "plan": plan.to_json(),
+            "identity": copy.deepcopy(plan.identity),  # completed by later stages (content digests)
+            "plan": plan.to_json(),  # frozen as planned
             "parent": None,
             "events": [{"status": "planned", "at": now(), **holder_info()}],
         }

@@ -324,6 +324,7 @@ class TrainConfig:
     eval_before: bool = f(True, "RL arms: evaluate the init policy before training")
     eval_after: bool = f(True, "evaluate the final policy after training")
     eval_batch_size: int = f(64, "prompts per greedy eval batch", semantic=False, ge=1)
+    eval_max_new_tokens: int = f(16, "greedy eval: tokens generated per answer at most", ge=1)
 
 
 @dataclass

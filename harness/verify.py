@@ -37,8 +37,14 @@ def check_manifest_fields(run_dir: Path, m: dict) -> list[str]:
 def check_identity(run_dir: Path, m: dict) -> list[str]:
     out: list[str] = []
     ident, plan = m.get("identity") or {}, m.get("plan") or {}
-    if plan.get("identity") != ident:
-        out.append(f"{MANIFEST}: identity differs from plan.identity")
+    planned = plan.get("identity") or {}
+    for key in ("config_sha256", "semantic_sha256", "non_semantic_fields"):
+        if planned.get(key) != ident.get(key):
+            out.append(f"{MANIFEST}: identity.{key} differs from plan.identity.{key}")
+    for part in ("data", "model"):  # later stages may fill what the plan left open, never change it
+        for key, value in (planned.get(part) or {}).items():
+            if value is not None and (ident.get(part) or {}).get(key) != value:
+                out.append(f"{MANIFEST}: identity.{part}.{key} differs from what the plan recorded")
     config = plan.get("config")
     if not isinstance(config, dict):
         return out + [f"{MANIFEST}: plan.config is missing"]
@@ -68,7 +74,14 @@ def check_no_torn_writes(run_dir: Path, m: dict) -> list[str]:
             for p in run_dir.rglob(".*.tmp")]
 
 
-CHECKS: list[Check] = [check_manifest_fields, check_identity, check_completion, check_no_torn_writes]
+def _training_checks() -> list[Check]:
+    from harness.completion import CHECKS as TRAINING
+
+    return list(TRAINING)
+
+
+CHECKS: list[Check] = [check_manifest_fields, check_identity, check_completion, check_no_torn_writes,
+                       *_training_checks()]
 
 
 def verify(run_dir: str | Path) -> list[str]:

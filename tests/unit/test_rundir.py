@@ -154,12 +154,3 @@ def test_verify_on_a_non_run_dir(tmp_path):
     assert "is missing" in verify(tmp_path)[0]
     proc = run_harness(str(tmp_path / "nope"), module="harness.verify")
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
-
-
-def test_train_mode_stops_after_claiming_until_training_lands(tmp_path):
-    proc = run_harness(f"output_root={tmp_path}", "debug=tiny")
-    assert proc.returncode == 0, proc.stderr
-    (run_dir,) = (tmp_path / "runs").iterdir()
-    assert json.loads((run_dir / rundir.MANIFEST).read_text())["status"] == "planned"
-    assert "not implemented yet" in proc.stderr
-    assert verify(run_dir) == []

@@ -1,0 +1,68 @@
+"""What every arm's trainer shares: TrainingArguments from the plan, and the build context.
+
+Torch-free at import (the registry is read by the planner); trainers import TRL lazily.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class BuildContext:
+    """Everything an arm needs to build its TRL trainer."""
+
+    plan: Any  # harness.plan.Plan
+    run_dir: Path
+    model: Any
+    processor: Any  # processor (VLM) or tokenizer (LM)
+    train_dataset: Any  # datasets.Dataset in the arm's format
+    callbacks: list = field(default_factory=list)
+    reward_fn: Any = None  # RL arms: the harness reward function (ledger + trace)
+    suppress_token_ids: list[int] = field(default_factory=list)
+    device: str = "cpu"
+    world: int = 1
+
+    @property
+    def output_dir(self) -> Path:
+        return self.run_dir / "checkpoints"
+
+
+def training_kwargs(ctx: BuildContext) -> dict:
+    """TrainingArguments fields shared by every arm, straight from the plan."""
+    c = ctx.plan.config
+    a, t, lg = c["arm"], c["train"], c["logger"]
+    report_to = [name for name, on in (("tensorboard", lg["tensorboard"]), ("wandb", lg["wandb"])) if on]
+    if lg["tensorboard"]:  # transformers 5 takes the directory from the environment
+        os.environ["TENSORBOARD_LOGGING_DIR"] = str(ctx.run_dir / "tensorboard")
+    if lg["wandb"]:
+        os.environ.setdefault("WANDB_MODE", lg["wandb_mode"])
+        os.environ.setdefault("WANDB_PROJECT", lg["wandb_project"])
+        os.environ["WANDB_DIR"] = str(ctx.run_dir)
+    on_gpu = ctx.device == "cuda"
+    return dict(
+        output_dir=str(ctx.output_dir),
+        learning_rate=a["learning_rate"],
+        lr_scheduler_type=a["lr_scheduler_type"],
+        warmup_steps=a["warmup_ratio"],  # a float in [0, 1) is a ratio of the planned steps
+        weight_decay=a["weight_decay"],
+        max_grad_norm=a["max_grad_norm"],
+        gradient_accumulation_steps=a["gradient_accumulation_steps"],
+        max_steps=c["budget"]["max_steps"],
+        logging_steps=t["logging_steps"],
+        save_strategy="steps",
+        save_steps=t["save_steps"],
+        save_total_limit=None,  # retention is the harness's (latest K complete + permanent)
+        seed=c["seed"],
+        data_seed=c["seed"],
+        use_cpu=not on_gpu,
+        bf16=on_gpu and c["model"]["dtype"] == "bfloat16",  # on CPU: no bf16 autocast (~50% slower, PLATFORM.md)
+        fp16=False,
+        report_to=report_to,
+        dataloader_num_workers=c["data"]["num_workers"],
+        remove_unused_columns=False,  # the reward function reads the record columns
+        disable_tqdm=False,
+    )

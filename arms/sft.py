@@ -1,0 +1,87 @@
+"""sft: TRL's SFTTrainer, completion-only loss, and the loss-token cap (ARMS.md sft).
+
+The cap takes the longest prefix of one deterministic epoch whose loss-bearing tokens fit in
+budget.max_loss_tokens (and whose batches fit in budget.max_steps). Loss tokens are counted
+with the trainer's own collator, one row at a time, exactly as it masks them during training
+(labels != -100, past the first position that no token predicts). The subclass counts again,
+batch by batch, what compute_loss actually trains on, so the two can be compared.
+"""
+
+from __future__ import annotations
+
+import math
+
+from arms.common import BuildContext, training_kwargs
+
+
+def loss_tokens(labels) -> int:
+    """Tokens a causal-LM loss trains on: labels shifted by one, ignore_index -100 excluded."""
+    return int((labels[..., 1:] != -100).sum())
+
+
+def _trainer_cls():
+    from trl import SFTTrainer
+
+    class HarnessSFTTrainer(SFTTrainer):
+        """SFTTrainer that counts the loss tokens it trains on (optimizer steps only)."""
+
+        trained_loss_tokens: int = 0
+
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            if model.training and "labels" in inputs:
+                self.trained_loss_tokens += loss_tokens(inputs["labels"])
+            return super().compute_loss(model, inputs, return_outputs=return_outputs,
+                                        num_items_in_batch=num_items_in_batch)
+
+    return HarnessSFTTrainer
+
+
+def build_trainer(ctx: BuildContext):
+    from trl import SFTConfig
+
+    c = ctx.plan.config
+    a = c["arm"]
+    per_device = max(1, a["batch_size"] // (ctx.world * a["gradient_accumulation_steps"]))
+    args = SFTConfig(
+        **training_kwargs(ctx),
+        per_device_train_batch_size=per_device,
+        max_length=a["max_length"],
+        completion_only_loss=a["completion_only_loss"],
+        shuffle_dataset=False,  # the harness fixed the epoch's order (seeded) before the cap
+        dataloader_drop_last=False,
+    )
+    trainer = _trainer_cls()(
+        model=ctx.model, args=args, train_dataset=ctx.train_dataset, processing_class=ctx.processor,
+        callbacks=ctx.callbacks,
+    )
+    apply_loss_token_cap(trainer, ctx)
+    return trainer
+
+
+def apply_loss_token_cap(trainer, ctx: BuildContext) -> None:
+    """Cut the (already seeded-shuffled) epoch to the longest prefix that fits both caps."""
+    c = ctx.plan.config
+    cap, max_steps = c["budget"]["max_loss_tokens"], c["budget"]["max_steps"]
+    rows_per_step = trainer.args.per_device_train_batch_size * ctx.world * trainer.args.gradient_accumulation_steps
+    ds = trainer.train_dataset
+    counts, total = [], 0
+    max_len = c["arm"]["max_length"]
+    for i in range(min(len(ds), max_steps * rows_per_step)):
+        batch = trainer.data_collator([dict(ds[i])])
+        if batch["input_ids"].shape[1] >= max_len:
+            raise ValueError(
+                f"train row {i} is {batch['input_ids'].shape[1]} tokens, at arm.max_length ({max_len}): it would be "
+                f"truncated and its loss tokens miscounted; raise arm.max_length"
+            )
+        n = loss_tokens(batch["labels"])
+        if total + n > cap:
+            break
+        counts.append(n)
+        total += n
+    if not counts:
+        raise ValueError(f"budget.max_loss_tokens ({cap}) is smaller than the first row's loss tokens")
+    trainer.train_dataset = ds.select(range(len(counts)))
+    steps = math.ceil(len(counts) / rows_per_step)
+    trainer.args.max_steps = steps
+    trainer.harness_loss_token_plan = {"rows": len(counts), "loss_tokens": total, "steps": steps,
+                                       "per_row": counts}

@@ -1,0 +1,163 @@
+"""The harness's TrainerCallbacks: budget stop, metrics log + console line, checkpoint publishing.
+
+Small and single-purpose (TRL style). They share a RunContext that the train stage builds: the
+run dir, the plan, this rank's ledger / trace / metrics logs and the token counters.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from transformers import TrainerCallback
+from transformers.trainer_callback import ProgressCallback
+
+from harness import checkpoint as ckpt
+from harness.accounting import AppendLog
+
+log = logging.getLogger("harness")
+
+
+@dataclass
+class RunContext:
+    run_dir: Path
+    plan: object  # harness.plan.Plan
+    rank: int = 0
+    world: int = 1
+    ledger: AppendLog | None = None
+    trace: AppendLog | None = None
+    metrics: AppendLog | None = None  # rank 0 only
+    tokens_used: int = 0  # this rank's sampled completion tokens (ledger sum)
+    completions: int = 0
+    token_share: int | None = None  # this rank's share of budget.max_completion_tokens
+    round_bound: int = 0  # worst-case tokens of one generation round on this rank
+    generate_every: int = 1  # optimizer steps served by one generation round
+    loss_tokens: int = 0  # SFT: loss-bearing tokens trained on (counted up front)
+    stopped_by_budget: bool = False
+    started: float = field(default_factory=time.time)
+
+    def frontier(self) -> dict:
+        out = {}
+        if self.ledger is not None:
+            out["ledger"] = self.ledger.frontier().to_json()
+        if self.trace is not None:
+            out["trace"] = self.trace.frontier().to_json()
+        if self.metrics is not None:
+            out["metrics"] = self.metrics.frontier().to_json()
+        return out
+
+
+def _all_ranks_continue(ok: bool) -> bool:
+    """All-reduce MIN of a continue flag, so every rank stops at the same step."""
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return ok
+    t = torch.tensor([1 if ok else 0], dtype=torch.int64)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return bool(t.item())
+
+
+class BudgetCallback(TrainerCallback):
+    """Stop after the last step whose successor could exceed the remaining token budget."""
+
+    def __init__(self, ctx: RunContext):
+        self.ctx = ctx
+
+    def on_step_end(self, args, state, control, **kwargs):
+        c = self.ctx
+        if c.token_share is None:
+            return control
+        # The successor samples only if it opens a new generation round (TRL regenerates every
+        # steps_per_generation x num_iterations steps); its worst case is the round's bound.
+        next_cost = c.round_bound if state.global_step % c.generate_every == 0 else 0
+        if not _all_ranks_continue(c.tokens_used + next_cost <= c.token_share):
+            if state.global_step < state.max_steps:
+                c.stopped_by_budget = True
+                control.should_training_stop = True
+                control.should_save = True  # the last step is a (permanent) checkpoint
+                log.info("budget: stopping after step %d: %d tokens used, the next step could need %d more "
+                         "(share %d)", state.global_step, c.tokens_used, next_cost, c.token_share)
+        return control
+
+
+def console_line(step: int, max_steps: int, logs: dict, ctx: RunContext) -> str:
+    parts = [f"step {step}/{max_steps}"]
+    for key, label in (("reward", "reward"), ("loss", "loss"), ("mean_token_accuracy", "tok-acc")):
+        if key in logs:
+            parts.append(f"{label} {logs[key]:.3f}")
+    if ctx.token_share is not None:
+        budget = ctx.plan.budget["completion_token_ceiling"]
+        used = ctx.tokens_used * ctx.world  # approximate across ranks for display; the ledgers are exact
+        parts.append(f"tokens {used}/{budget} ({100 * used / budget:.0f}%)")
+    elif ctx.loss_tokens:
+        parts.append(f"loss tokens {ctx.loss_tokens}/{ctx.plan.budget['loss_token_ceiling']}")
+    elapsed = time.time() - ctx.started
+    parts.append(f"{elapsed / max(step, 1):.2f} s/step")
+    return " | ".join(parts)
+
+
+class MetricsCallback(TrainerCallback):
+    """One metrics.jsonl row per logged step (rank 0) and one concise console line."""
+
+    def __init__(self, ctx: RunContext, console: bool = True):
+        self.ctx, self.console = ctx, console
+        self.last_logged_step = -1
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        logs = dict(logs or {})
+        if "train_runtime" in logs or not state.is_world_process_zero:
+            return control  # the end-of-training summary goes to completion.json, not a step row
+        if state.global_step == self.last_logged_step:
+            return control  # e.g. eval logs at the same step: one row per step
+        self.last_logged_step = state.global_step
+        row = {"step": state.global_step, **{k: v for k, v in logs.items() if isinstance(v, (int, float))}}
+        if self.ctx.token_share is not None:
+            row["budget/tokens_used_rank0"] = self.ctx.tokens_used
+        if self.ctx.metrics is not None:
+            self.ctx.metrics.append(row)
+            self.ctx.metrics.flush()
+        if self.console:
+            log.info(console_line(state.global_step, state.max_steps, logs, self.ctx))
+        return control
+
+
+class QuietProgressCallback(ProgressCallback):
+    """TRL's progress bar without printing every logs dict (MetricsCallback prints one line)."""
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        return control
+
+
+class CheckpointCallback(TrainerCallback):
+    """After the Trainer saved checkpoint-<step>: bind the frontier, record digests, publish, retain."""
+
+    def __init__(self, ctx: RunContext, keep_last: int):
+        self.ctx, self.keep_last = ctx, keep_last
+        self.published: list[int] = []
+
+    def on_save(self, args, state, control, model=None, optimizer=None, lr_scheduler=None, **kwargs):
+        from harness.statedigest import state_digests
+
+        step = state.global_step
+        ckpt_dir = Path(args.output_dir) / f"checkpoint-{step}"
+        frontier = self.ctx.frontier()
+        digests = {f"rank-{self.ctx.rank}": state_digests(model, optimizer, lr_scheduler)}
+        if not state.is_world_process_zero:
+            return control
+        final = control.should_training_stop or step >= state.max_steps
+        ckpt.publish(
+            ckpt_dir, step=step, identity=self.ctx.plan.identity, frontier={f"rank-{self.ctx.rank}": frontier},
+            state=digests,
+            totals={"completion_tokens": self.ctx.tokens_used, "completions": self.ctx.completions,
+                    "loss_tokens": self.ctx.loss_tokens},
+            permanent=final,
+        )
+        self.published.append(step)
+        removed = ckpt.apply_retention(self.ctx.run_dir, self.keep_last)
+        log.info("checkpoint %d published%s%s", step, " (final)" if final else "",
+                 f"; removed {', '.join(removed)}" if removed else "")
+        return control

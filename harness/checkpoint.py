@@ -1,0 +1,101 @@
+"""Checkpoints: publish harness_checkpoint.json last, find complete ones, apply retention. Torch-free.
+
+A checkpoint directory (checkpoints/checkpoint-<step>/) written by the Trainer counts only once
+`harness_checkpoint.json` is published in it, last and atomically. It lists every file with its
+sha256 and size, the accounting frontier (ledgers, traces, metrics), the training-state digests
+the resume audit compares, and the run's identity. Retention keeps the latest `keep_last`
+complete checkpoints plus the permanent ones (final).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+from harness.identity import sha256_file
+from harness.rundir import atomic_write_json, now, read_json
+
+CHECKPOINT_MANIFEST = "harness_checkpoint.json"
+CHECKPOINTS_DIR = "checkpoints"
+_STEP_RE = re.compile(r"checkpoint-(\d+)$")
+log = logging.getLogger("harness")
+
+
+def file_digests(ckpt_dir: Path) -> dict[str, dict[str, Any]]:
+    return {
+        str(p.relative_to(ckpt_dir)): {"sha256": sha256_file(p), "size": p.stat().st_size}
+        for p in sorted(ckpt_dir.rglob("*"))
+        if p.is_file() and p.name != CHECKPOINT_MANIFEST and not p.name.endswith(".tmp")
+    }
+
+
+def publish(ckpt_dir: Path, *, step: int, identity: dict, frontier: dict, state: dict, totals: dict,
+            permanent: bool) -> dict:
+    """Write harness_checkpoint.json last: from now on the checkpoint counts."""
+    manifest = {
+        "version": 1,
+        "step": step,
+        "created_at": now(),
+        "permanent": permanent,
+        "identity": {k: identity.get(k) for k in ("config_sha256", "semantic_sha256", "data", "model", "code")},
+        "files": file_digests(ckpt_dir),
+        "frontier": frontier,
+        "state_digests": state,
+        "totals": totals,
+    }
+    atomic_write_json(ckpt_dir / CHECKPOINT_MANIFEST, manifest)
+    return manifest
+
+
+def step_of(path: Path) -> int | None:
+    m = _STEP_RE.search(path.name)
+    return int(m.group(1)) if m else None
+
+
+def checkpoint_problems(ckpt_dir: Path, *, deep: bool = True) -> list[str]:
+    """Why a checkpoint does not count (empty when it is complete and intact)."""
+    mpath = ckpt_dir / CHECKPOINT_MANIFEST
+    if not mpath.is_file():
+        return [f"{ckpt_dir.name}: no {CHECKPOINT_MANIFEST} (torn: the save did not finish)"]
+    try:
+        manifest = read_json(mpath)
+    except (OSError, ValueError) as exc:
+        return [f"{ckpt_dir.name}: unreadable {CHECKPOINT_MANIFEST} ({exc})"]
+    out = []
+    if manifest.get("step") != step_of(ckpt_dir):
+        out.append(f"{ckpt_dir.name}: {CHECKPOINT_MANIFEST} says step {manifest.get('step')}")
+    for rel, meta in (manifest.get("files") or {}).items():
+        p = ckpt_dir / rel
+        if not p.is_file():
+            out.append(f"{ckpt_dir.name}/{rel}: missing")
+        elif p.stat().st_size != meta["size"]:
+            out.append(f"{ckpt_dir.name}/{rel}: size {p.stat().st_size} != recorded {meta['size']}")
+        elif deep and sha256_file(p) != meta["sha256"]:
+            out.append(f"{ckpt_dir.name}/{rel}: sha256 differs from the recorded digest")
+    return out
+
+
+def list_checkpoints(run_dir: Path) -> list[Path]:
+    root = Path(run_dir) / CHECKPOINTS_DIR
+    found = [p for p in root.glob("checkpoint-*") if p.is_dir() and step_of(p) is not None] if root.is_dir() else []
+    return sorted(found, key=step_of)
+
+
+def complete_checkpoints(run_dir: Path) -> list[Path]:
+    """Checkpoints with a published manifest, oldest first (digests are checked by resume/verify)."""
+    return [p for p in list_checkpoints(run_dir) if (p / CHECKPOINT_MANIFEST).is_file()]
+
+
+def apply_retention(run_dir: Path, keep_last: int) -> list[str]:
+    """Delete complete checkpoints beyond the latest `keep_last`, except permanent ones."""
+    complete = complete_checkpoints(run_dir)
+    removed = []
+    for p in complete[:-keep_last] if keep_last > 0 else complete:
+        if read_json(p / CHECKPOINT_MANIFEST).get("permanent"):
+            continue
+        shutil.rmtree(p)
+        removed.append(p.name)
+    return removed

@@ -1,0 +1,179 @@
+"""completion.json (written last) and the invariants harness.verify checks against it. Torch-free
+except `write_completion`'s inputs (the trainer), which it only reads.
+
+For an RL run: the sum of ledger tokens equals realized_completion_tokens <= completion_token_ceiling;
+ledger completion ids are unique; trace rows match ledger rows one to one; there is at least one
+published checkpoint and every checkpoint's files match their digests; final_policy/ matches its
+manifest; the eval artifacts named exist. For SFT: the loss tokens counted up front equal the loss
+tokens the trainer actually trained on, and never exceed the cap.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+from harness.accounting import METRICS_PATH, read_rows
+from harness.checkpoint import checkpoint_problems, complete_checkpoints, list_checkpoints
+from harness.identity import sha256_file
+from harness.rundir import atomic_write_json, now, read_json
+
+COMPLETION = "completion.json"
+
+
+def _eval_summary(result: dict | None) -> dict | None:
+    if not result:
+        return None
+    keep = ("n", "accuracy", "abstention_rate", "format_valid", "truncated", "split", "label", "policy")
+    out = {k: result[k] for k in keep if k in result}
+    out["per_relation"] = {rel: {k: v for k, v in b.items()} for rel, b in result.get("per_relation", {}).items()}
+    return out
+
+
+def ledger_summary(run_dir: Path, ranks: int = 1) -> dict:
+    tokens = count = truncated = 0
+    groups = set()
+    for r in range(ranks):
+        p = run_dir / f"ledgers/rank-{r}.jsonl"
+        for row in read_rows(p) if p.exists() else ():
+            tokens += row["tokens"]
+            count += 1
+            truncated += not row["terminated"]
+            _, step, slot, _ = row["completion_id"].rsplit(":", 3)
+            groups.add((step, slot))
+    malformed = 0
+    for r in range(ranks):
+        p = run_dir / f"traces/rank-{r}.jsonl"
+        for row in read_rows(p) if p.exists() else ():
+            malformed += row["parser_error"] not in (None, "truncated")
+    return {"realized_completion_tokens": tokens, "realized_completion_count": count,
+            "unique_prompt_groups": len(groups), "truncated_completions": truncated,
+            "malformed_completions": malformed}
+
+
+def write_completion(plan, run, *, ctx, trainer, train_out, evals: dict, wall_s: float, peak_rss_mb: float) -> dict:
+    c = plan.config
+    state = trainer.state
+    out = {
+        "status": "completed",
+        "run_name": plan.run_name,
+        "arm": c["arm"]["name"],
+        "optimizer_steps": state.global_step,
+        "stopped_by": "budget" if ctx.stopped_by_budget else "max_steps",
+        "identity": run.manifest["identity"],
+        "parent": run.manifest.get("parent"),
+        "init": run.manifest.get("init"),
+        "eval_before": _eval_summary(evals.get("before")),
+        "eval_after": _eval_summary(evals.get("after")),
+        "checkpoints": [p.name for p in complete_checkpoints(run.path)],
+        "wall_time_s": round(wall_s, 3),
+        "train_runtime_s": round(train_out.metrics.get("train_runtime", 0.0), 3),
+        "peak_rss_mb": round(peak_rss_mb, 1),
+        "peak_cuda_mb": _peak_cuda_mb(),
+        "completed_at": now(),
+    }
+    if ctx.token_share is not None:
+        out.update(ledger_summary(run.path, ctx.world))
+        out["completion_token_ceiling"] = plan.budget["completion_token_ceiling"]
+        if out["realized_completion_tokens"] > out["completion_token_ceiling"]:
+            raise RuntimeError(f"BUG: realized {out['realized_completion_tokens']} tokens > ceiling "
+                               f"{out['completion_token_ceiling']}")
+    else:
+        plan_lt = trainer.harness_loss_token_plan
+        out.update(realized_loss_tokens=trainer.trained_loss_tokens, planned_loss_tokens=plan_lt["loss_tokens"],
+                   loss_token_ceiling=plan.budget["loss_token_ceiling"], sft_rows=plan_lt["rows"])
+    atomic_write_json(run.path / COMPLETION, out)
+    return out
+
+
+def _peak_cuda_mb() -> float | None:
+    import torch
+
+    return round(torch.cuda.max_memory_allocated() / 2**20, 1) if torch.cuda.is_available() else None
+
+
+# --- verify checks (registered in harness.verify)
+
+
+def check_completion_accounting(run_dir: Path, m: dict) -> list[str]:
+    if m.get("status") != "completed" or not (run_dir / COMPLETION).is_file():
+        return []
+    comp = read_json(run_dir / COMPLETION)
+    out = []
+    if comp.get("identity", {}).get("semantic_sha256") != m.get("identity", {}).get("semantic_sha256"):
+        out.append(f"{COMPLETION}: identity differs from the manifest's")
+    if "completion_token_ceiling" in comp:
+        ledgers = sorted((run_dir / "ledgers").glob("rank-*.jsonl"))
+        ids, lrows, trows = [], [], []
+        for lp in ledgers:
+            lrows += list(read_rows(lp))
+            tp = run_dir / "traces" / lp.name
+            trows += list(read_rows(tp)) if tp.exists() else []
+        ids = [r["completion_id"] for r in lrows]
+        tokens = sum(r["tokens"] for r in lrows)
+        if tokens != comp["realized_completion_tokens"]:
+            out.append(f"ledger tokens sum to {tokens}, completion.json says {comp['realized_completion_tokens']}")
+        if tokens > comp["completion_token_ceiling"]:
+            out.append(f"realized {tokens} tokens > ceiling {comp['completion_token_ceiling']}")
+        if len(ids) != comp["realized_completion_count"]:
+            out.append(f"ledger has {len(ids)} rows, completion.json says {comp['realized_completion_count']}")
+        dup = [k for k, n in Counter(ids).items() if n > 1]
+        if dup:
+            out.append(f"{len(dup)} duplicate completion ids in the ledgers, e.g. {dup[0]}")
+        if [r["completion_id"] for r in trows] != ids:
+            out.append(f"trace rows ({len(trows)}) do not match ledger rows ({len(ids)}) one to one")
+    elif "realized_loss_tokens" in comp:
+        if comp["realized_loss_tokens"] != comp["planned_loss_tokens"]:
+            out.append(f"SFT trained on {comp['realized_loss_tokens']} loss tokens, the cap planned "
+                       f"{comp['planned_loss_tokens']}")
+        if comp["realized_loss_tokens"] > comp["loss_token_ceiling"]:
+            out.append(f"SFT loss tokens {comp['realized_loss_tokens']} > ceiling {comp['loss_token_ceiling']}")
+    return out
+
+
+def check_checkpoints(run_dir: Path, m: dict) -> list[str]:
+    out = []
+    for p in list_checkpoints(run_dir):
+        out += checkpoint_problems(p)
+    if m.get("status") == "completed" and not complete_checkpoints(run_dir):
+        out.append("status is completed but no checkpoint was published")
+    return out
+
+
+def check_final_policy(run_dir: Path, m: dict) -> list[str]:
+    if m.get("status") != "completed":
+        return []
+    fp = run_dir / "final_policy"
+    mp = fp / "harness_policy.json"
+    if not mp.is_file():
+        return ["final_policy/harness_policy.json is missing"]
+    out = []
+    for rel, meta in read_json(mp)["files"].items():
+        p = fp / rel
+        if not p.is_file() or sha256_file(p) != meta["sha256"]:
+            out.append(f"final_policy/{rel}: missing or its sha256 differs from harness_policy.json")
+    return out
+
+
+def check_metrics(run_dir: Path, m: dict) -> list[str]:
+    p = run_dir / METRICS_PATH
+    if not p.exists():
+        return []
+    steps = [r.get("step") for r in read_rows(p)]
+    dup = [s for s, n in Counter(steps).items() if n > 1]
+    return [f"metrics.jsonl has duplicate rows for steps {dup[:5]}"] if dup else []
+
+
+def check_evals(run_dir: Path, m: dict) -> list[str]:
+    if m.get("status") != "completed" or not (run_dir / COMPLETION).is_file():
+        return []
+    comp = read_json(run_dir / COMPLETION)
+    out = []
+    for key, suffix in (("eval_before", "-before"), ("eval_after", "")):
+        ev = comp.get(key)
+        if ev and not (run_dir / "eval" / f"{ev['split']}{suffix}.json").is_file():
+            out.append(f"{key} is recorded but eval/{ev['split']}{suffix}.json is missing")
+    return out
+
+
+CHECKS = [check_completion_accounting, check_checkpoints, check_final_policy, check_metrics, check_evals]

@@ -1,0 +1,119 @@
+"""The policy a run trains: base model, init (sft warm start, scratch, or a path), tuning, final save.
+
+    init=sft      the final policy of the SFT run of the same model, data and seed, found by its
+                  deterministic run dir; run first (as its own run, recorded as the parent) when
+                  it is missing
+    init=scratch  the base model as built (tiny: seeded random weights) or loaded
+    init=<path>   a saved policy: a PEFT adapter (adapter_config.json) or full weights
+
+final_policy/ holds what was trained: the PEFT adapter for tuning=lora, the full model's
+safetensors for tuning=full, plus the processor; both load back with `load_policy(path)`.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from harness.identity import sha256_file
+from harness.rundir import atomic_write_json, fsync_dir, read_json
+
+log = logging.getLogger("harness")
+POLICY_MANIFEST = "harness_policy.json"
+
+
+@dataclass
+class Policy:
+    model: object
+    processor: object
+    base_path: str  # the built or loaded base model directory
+    base_identity: dict
+    init: dict  # {"kind": sft|scratch|path, "path": ..., "parent_run": ...}
+    suppress_token_ids: list[int] = field(default_factory=list)
+    eos_token_ids: list[int] = field(default_factory=list)
+
+
+def device_of(plan) -> str:
+    import torch
+
+    want = plan.config["placement"]["device"]
+    if want == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return want
+
+
+def build_base(plan, corpus: list[str]) -> tuple[str, dict]:
+    """The base model directory and its identity (tiny: built and cached; pretrained: as found)."""
+    m = plan.config["model"]
+    if m["source"] == "tiny":
+        from harness.models import build_tiny, model_identity
+
+        path = build_tiny(family=m["family"], is_vlm=m["is_vlm"], patch_size=m["patch_size"], tiny=m["tiny"],
+                          corpus=corpus, cache_dir=m["cache_dir"])
+        return str(path), model_identity(path)
+    path = plan.identity["model"]["path"]
+    return path, dict(plan.identity["model"])
+
+
+def load_policy(path: str | Path, *, base_path: str | None = None, trainable: bool = True):
+    """(model, processor) from a saved policy: a full model dir, or a PEFT adapter over `base_path`."""
+    import harness.models  # noqa: F401  (registers the image-only processor with AutoProcessor)
+    from transformers import AutoProcessor
+
+    path = Path(path)
+    if (path / "adapter_config.json").is_file():
+        from peft import PeftModel
+
+        base = base_path or read_json(path / POLICY_MANIFEST)["base_path"]
+        model = _auto_model(base)
+        model = PeftModel.from_pretrained(model, str(path), is_trainable=trainable)
+    else:
+        model = _auto_model(str(path))
+    processor = AutoProcessor.from_pretrained(str(path if (path / "tokenizer_config.json").exists() else base_path))
+    return model, processor
+
+
+def _auto_model(path: str):
+    import json
+
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    cfg = json.loads((Path(path) / "config.json").read_text())
+    is_vlm = "vision_config" in cfg
+    cls = AutoModelForImageTextToText if is_vlm else AutoModelForCausalLM
+    return cls.from_pretrained(path, dtype="auto")
+
+
+def apply_tuning(model, plan):
+    m = plan.config["model"]
+    if m["tuning"] != "lora" or hasattr(model, "peft_config"):
+        return model
+    from peft import LoraConfig, get_peft_model
+
+    cfg = LoraConfig(r=m["lora_r"], lora_alpha=m["lora_alpha"], lora_dropout=m["lora_dropout"],
+                     target_modules=list(m["lora_target_modules"]), task_type="CAUSAL_LM")
+    return get_peft_model(model, cfg)
+
+
+def save_final_policy(trainer, run_dir: Path, *, base_path: str, plan) -> dict:
+    """Save the trained policy atomically (temp dir, rename) with a digest manifest written last."""
+    final = run_dir / "final_policy"
+    tmp = Path(tempfile.mkdtemp(prefix=".final_policy.", dir=run_dir))
+    trainer.save_model(str(tmp))
+    proc = trainer.processing_class
+    proc.save_pretrained(str(tmp))
+    files = {str(p.relative_to(tmp)): {"sha256": sha256_file(p), "size": p.stat().st_size}
+             for p in sorted(tmp.rglob("*")) if p.is_file()}
+    manifest = {"tuning": plan.config["model"]["tuning"], "base_path": base_path, "run_name": plan.run_name,
+                "identity": {k: plan.identity.get(k) for k in ("config_sha256", "semantic_sha256", "data", "model")},
+                "files": files,
+                "load": "harness.policy.load_policy(path)  # or PeftModel.from_pretrained / the model class"}
+    atomic_write_json(tmp / POLICY_MANIFEST, manifest)
+    if final.exists():
+        shutil.rmtree(final)
+    tmp.rename(final)
+    fsync_dir(run_dir)
+    return manifest

@@ -1,0 +1,57 @@
+"""The reward function handed to TRL: scores every sampled completion and accounts for it.
+
+For each completion it appends one ledger row (completion_id, sampled tokens without padding,
+terminated or truncated, step) and one reward-trace row (reward, components, parsed answer,
+parser error, relation, provenance) to this rank's logs, then returns the rewards. TRL calls
+it as f(prompts=, completions=, completion_ids=, **dataset columns repeated per completion,
+trainer_state=, log_extra=, log_metric=) — see PLATFORM.md.
+
+completion_id = <semantic hash[:8]>:<generation step>:<prompt slot>:<generation index>; the
+prompt slot is the prompt's position in the global generation batch, so ids are unique across
+ranks and steps.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from harness.rewards import completion_text, score
+
+
+class HarnessReward:
+    def __init__(self, ctx, *, reward_cfg: Any, num_generations: int, eos_token_ids: list[int], provenance: dict):
+        self.ctx = ctx
+        self.reward_cfg = reward_cfg
+        self.G = num_generations
+        self.eos = set(eos_token_ids)
+        self.provenance = provenance
+        self.tag = provenance["semantic_sha256"][:8]
+        self.__name__ = "harness"  # TRL names reward columns after it (rewards/harness/mean)
+
+    def __call__(self, prompts, completions, completion_ids, trainer_state=None, row=None, **_):
+        ctx = self.ctx
+        step = trainer_state.global_step if trainer_state is not None else -1
+        n = len(completions)
+        rewards = []
+        for j in range(n):
+            ids = completion_ids[j]
+            record = json.loads(row[j])
+            truncated = not ids or ids[-1] not in self.eos
+            slot, gen = divmod(ctx.rank * n + j, self.G)
+            cid = f"{self.tag}:{step}:{slot}:{gen}"
+            tr = score(completion_text(completions[j]), record, truncated=truncated, cfg=self.reward_cfg)
+            ctx.ledger.append({"completion_id": cid, "tokens": len(ids), "terminated": not truncated, "step": step,
+                               "view": record["key"]})
+            ctx.trace.append({
+                "completion_id": cid, "reward": tr.total, "components": tr.components, "parsed": tr.parsed,
+                "prediction": tr.prediction, "gold": tr.gold, "parser_error": tr.parser_error,
+                "relation": tr.relation, "truncated": truncated, "correct": tr.correct, "view": record["key"],
+                "step": step, "provenance": self.provenance,
+            })
+            ctx.tokens_used += len(ids)
+            ctx.completions += 1
+            rewards.append(tr.total)
+        ctx.ledger.flush()
+        ctx.trace.flush()
+        return rewards

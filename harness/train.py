@@ -1,0 +1,235 @@
+"""The train stage: validated data -> policy -> TRL trainer with the harness callbacks -> final policy,
+eval, completion marker. Called by harness.lifecycle under a claimed run dir.
+
+    prepare_data   synthetic cache or data.path; validated (memoized) before any model is built
+    build policy   base model + init (sft warm start / scratch / path) + tuning
+    eval before    RL arms: the init policy, greedy, on the held-out split
+    train          the arm's TRL trainer; ledger / trace / metrics / budget / checkpoint callbacks
+    finalize       final_policy/, eval after, completion.json (written last)
+"""
+
+from __future__ import annotations
+
+import logging
+import resource
+import time
+from pathlib import Path
+
+from arms import ARMS, build_trainer
+from arms.common import BuildContext
+from harness import checkpoint as ckpt
+from harness.accounting import METRICS_PATH, AppendLog, Frontier, ledger_path, trace_path
+from harness.callbacks import (BudgetCallback, CheckpointCallback, MetricsCallback, QuietProgressCallback,
+                               RunContext)
+from harness.completion import write_completion
+from harness.policy import Policy, apply_tuning, build_base, device_of, load_policy, save_final_policy
+from harness.rundir import RunDir, read_json
+
+log = logging.getLogger("harness")
+
+
+# --- data
+
+
+def prepare_data(plan, run: RunDir) -> Path:
+    from harness.data import data_identity, ensure_synthetic, validate_dataset
+
+    d = plan.config["data"]
+    if plan.identity["data"]["kind"] == "synthetic":
+        root = ensure_synthetic(n_base=d["n_base"], data_seed=d["data_seed"],
+                                image_size=d["image_size"] or 4 * plan.config["model"]["patch_size"],
+                                val_fraction=d["val_fraction"], test_fraction=d["test_fraction"],
+                                cache_dir=d["cache_dir"], workers=d["num_workers"])
+    else:
+        root = Path(d["path"])
+    report = validate_dataset(root, cache_dir=Path(plan.config["output_root"]) / "cache" / "validate",
+                              workers=d["num_workers"])
+    content = data_identity(root)
+    recorded = run.manifest["identity"]["data"].get("content_sha256")
+    if recorded and recorded != content["sha256"]:
+        from harness.errors import FieldDiff, ResumeMismatchError
+
+        raise ResumeMismatchError(str(run.path), [FieldDiff("identity.data.content_sha256", recorded,
+                                                            content["sha256"])],
+                                  "the dataset changed on disk since this run started; restore it, or start a new "
+                                  "run (another output_root)")
+    run.manifest["identity"]["data"].update(content_sha256=content["sha256"], root=str(root))
+    log.info("data: %s (%s)", root, report.summary())
+    return Path(root)
+
+
+# --- policy
+
+
+def sft_parent(plan):
+    """The plan of the SFT warm start of an RL plan: same model, data, seed; arm=sft, capped by steps."""
+    from harness.cli import compose_plan
+
+    keep = [o for o in plan.overrides
+            if not o.lstrip("+~").startswith(("arm", "budget.max_steps", "mode", "run_mode"))]
+    steps = plan.config["arm"]["init_sft_steps"]
+    # train.save_steps is not semantic: a warm start of a few seconds needs only its final checkpoint
+    keep = [o for o in keep if not o.startswith("train.save_steps")]
+    return compose_plan([*keep, "arm=sft", f"budget.max_steps={steps}", f"train.save_steps={steps}"])
+
+
+def build_policy(plan, run: RunDir, corpus: list[str]) -> Policy:
+    from harness.models import special_token_ids_to_suppress
+
+    base_path, base_ident = build_base(plan, corpus)
+    run.manifest["identity"]["model"].update(files_sha256=base_ident.get("files_sha256"), base_path=base_path)
+    arm = plan.config["arm"]
+    init = {"kind": "scratch", "path": base_path}
+    if ARMS[arm["name"]].rl and arm["init"] == "sft":
+        parent = sft_parent(plan)
+        parent_dir = Path(parent.run_dir)
+        if _status(parent_dir) != "completed":
+            log.info("init=sft: running the SFT warm start first (%s)", parent.run_name)
+            from harness.lifecycle import execute
+
+            code = execute(parent)
+            if code:
+                raise RuntimeError(f"the SFT warm start {parent.run_dir} failed (exit {code})")
+        init = {"kind": "sft", "path": str(parent_dir / "final_policy"), "parent_run": parent.run_name,
+                "parent_run_dir": str(parent_dir)}
+        run.manifest["parent"] = {"run_name": parent.run_name, "run_dir": str(parent_dir),
+                                  "semantic_sha256": parent.identity["semantic_sha256"]}
+    elif ARMS[arm["name"]].rl and arm["init"] not in ("sft", "scratch"):
+        init = {"kind": "path", "path": arm["init"]}
+    model, processor = load_policy(init["path"], base_path=base_path)
+    model = apply_tuning(model, plan)
+    model.to(device_of(plan))
+    tok = getattr(processor, "tokenizer", processor)
+    eos = [tok.convert_tokens_to_ids("<|im_end|>")] if "<|im_end|>" in tok.get_vocab() else [tok.eos_token_id]
+    return Policy(model, processor, base_path, base_ident, init, special_token_ids_to_suppress(processor), eos)
+
+
+def _status(run_dir: Path) -> str | None:
+    try:
+        return read_json(run_dir / "run_manifest.json").get("status")
+    except (OSError, ValueError):
+        return None
+
+
+# --- the stage
+
+
+def quiet_libraries() -> None:
+    """Keep the console to the harness's lines and TRL's progress bar."""
+    import warnings
+
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # "Loading weights", "Writing model shards"
+    hf_logging.set_verbosity_error()
+    for mod in ("transformers", "trl", "peft", "accelerate", "torch"):
+        warnings.filterwarnings("ignore", category=FutureWarning, module=mod)
+        warnings.filterwarnings("ignore", category=UserWarning, module=mod)
+
+
+def run_training(plan, run: RunDir) -> int:
+    from transformers.trainer_callback import ProgressCallback
+
+    quiet_libraries()
+    from harness.data import load_split
+    from harness.evaluate import eval_rows, run_eval
+    from harness.trainsets import corpus, rl_dataset, sft_dataset
+
+    t0 = time.time()
+    c = plan.config
+    arm, is_rl = c["arm"], ARMS[c["arm"]["name"]].rl
+    is_vlm = c["model"]["is_vlm"]
+
+    root = prepare_data(plan, run)
+    train_rows = load_split(root, c["data"]["train_split"])
+    test_rows = eval_rows(load_split(root, c["data"]["eval_split"]), c["data"]["eval_max_items"])
+    policy = build_policy(plan, run, corpus(train_rows + test_rows))
+    run.set_status("running", init=policy.init)
+
+    ctx = RunContext(run_dir=run.path, plan=plan)
+    resume_from = _resume_point(run)
+    fr = (read_json(resume_from / ckpt.CHECKPOINT_MANIFEST)["frontier"].get("rank-0", {}) if resume_from else {})
+    opened = lambda key, rel: AppendLog(run.path, rel, Frontier.from_json(fr[key]) if key in fr else None)  # noqa: E731
+    ctx.metrics = opened("metrics", METRICS_PATH)
+    if is_rl:
+        ctx.ledger, ctx.trace = opened("ledger", ledger_path(0)), opened("trace", trace_path(0))
+        ctx.tokens_used, ctx.completions = _ledger_totals(run.path / ledger_path(0))
+        ctx.token_share = plan.budget["completion_token_ceiling"] // ctx.world
+        ctx.generate_every = arm["steps_per_generation"] * arm["num_iterations"]
+        ctx.round_bound = plan.budget["per_step_upper_bound"] * arm["steps_per_generation"] // ctx.world
+
+    evals = {}
+    eval_kw = dict(plan=plan, run_dir=run.path, split=c["data"]["eval_split"], reward_cfg=_Reward(c["reward"]),
+                   is_vlm=is_vlm, max_new_tokens=c["train"]["eval_max_new_tokens"],
+                   batch_size=c["train"]["eval_batch_size"], suppress_token_ids=policy.suppress_token_ids,
+                   eos_token_ids=policy.eos_token_ids)
+    if is_rl and c["train"]["eval_before"] and not resume_from:
+        evals["before"] = run_eval(policy.model, policy.processor, root, test_rows, label="before",
+                                   policy=policy.init["path"], **eval_kw)
+        log.info("eval before: accuracy %.3f on %d %s views", evals["before"]["accuracy"], evals["before"]["n"],
+                 c["data"]["eval_split"])
+
+    if is_rl:
+        from harness.reward_fn import HarnessReward
+
+        dataset = rl_dataset(root, train_rows, is_vlm=is_vlm)
+        reward = HarnessReward(ctx, reward_cfg=_Reward(c["reward"]), num_generations=arm["num_generations"],
+                               eos_token_ids=policy.eos_token_ids, provenance=_provenance(plan))
+    else:
+        dataset, reward = sft_dataset(root, train_rows, is_vlm=is_vlm, seed=c["seed"]), None
+    callbacks = [BudgetCallback(ctx), MetricsCallback(ctx, console=c["logger"]["console"]),
+                 CheckpointCallback(ctx, keep_last=c["train"]["keep_last"])]
+    bctx = BuildContext(plan=plan, run_dir=run.path, model=policy.model, processor=policy.processor,
+                        train_dataset=dataset, callbacks=callbacks, reward_fn=reward,
+                        suppress_token_ids=policy.suppress_token_ids, device=device_of(plan), world=ctx.world)
+    trainer = build_trainer(arm["name"], bctx)
+    if not is_rl:
+        ctx.loss_tokens = trainer.harness_loss_token_plan["loss_tokens"]
+    trainer.remove_callback(ProgressCallback)
+    trainer.add_callback(QuietProgressCallback)
+    train_out = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+
+    for lg in (ctx.ledger, ctx.trace, ctx.metrics):
+        if lg is not None:
+            lg.close()
+    save_final_policy(trainer, run.path, base_path=policy.base_path, plan=plan)
+    if c["train"]["eval_after"]:
+        evals["after"] = run_eval(policy.model, policy.processor, root, test_rows, label="final",
+                                  policy="final_policy", **eval_kw)
+        log.info("eval after: accuracy %.3f on %d %s views", evals["after"]["accuracy"], evals["after"]["n"],
+                 c["data"]["eval_split"])
+    if "before" not in evals and (run.path / "eval" / f"{c['data']['eval_split']}-before.json").is_file():
+        evals["before"] = read_json(run.path / "eval" / f"{c['data']['eval_split']}-before.json")
+    completion = write_completion(plan, run, ctx=ctx, trainer=trainer, train_out=train_out, evals=evals,
+                                  wall_s=time.time() - t0, peak_rss_mb=_peak_rss_mb())
+    run.set_status("completed")
+    return completion
+
+
+class _Reward:
+    def __init__(self, d: dict):
+        self.correct, self.format_weight, self.invalid_penalty = d["correct"], d["format_weight"], d["invalid_penalty"]
+
+
+def _provenance(plan) -> dict:
+    code = plan.identity.get("code") or {}
+    return {"config_sha256": plan.identity["config_sha256"], "semantic_sha256": plan.identity["semantic_sha256"],
+            "commit": code.get("commit"), "dirty": code.get("dirty")}
+
+
+def _resume_point(run: RunDir) -> Path | None:
+    complete = ckpt.complete_checkpoints(run.path)
+    return complete[-1] if complete else None
+
+
+def _ledger_totals(path: Path) -> tuple[int, int]:
+    from harness.accounting import read_rows
+
+    if not path.exists():
+        return 0, 0
+    rows = list(read_rows(path))
+    return sum(r["tokens"] for r in rows), len(rows)
+
+
+def _peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

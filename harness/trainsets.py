@@ -1,0 +1,67 @@
+"""Dataset rows -> the Hugging Face datasets TRL trainers consume.
+
+RL arms: a conversational `prompt` (the user turn; TRL inserts the image part), an `image`
+column (decoded lazily from the dataset root) for VLMs, and `row`: the JSON the reward function
+scores against (key, relation, answer_type, target, choices). SFT: `prompt` + `completion`
+(the target in the answer schema) + `image`, in one seeded epoch order.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+from harness.answers import format_answer, prompt_text
+from harness.data import row_key
+
+
+def reward_record(row: dict) -> str:
+    return json.dumps({"key": row_key(row), "relation": row["relation"], "answer_type": row["answer_type"],
+                       "target": row["target"], "choices": row.get("choices")}, sort_keys=True)
+
+
+def user_turn(row: dict) -> list[dict]:
+    return [{"role": "user", "content": prompt_text(row)}]
+
+
+def image_path(root: Path, row: dict) -> str:
+    return str(root / row["images"][0]["path"])
+
+
+def _with_images(columns: dict, root: Path, rows: list[dict], is_vlm: bool):
+    from datasets import Dataset, Image
+
+    if is_vlm:
+        columns["image"] = [image_path(root, r) for r in rows]
+        return Dataset.from_dict(columns).cast_column("image", Image())
+    return Dataset.from_dict(columns)
+
+
+def rl_dataset(root: Path, rows: list[dict], *, is_vlm: bool):
+    return _with_images({"prompt": [user_turn(r) for r in rows], "row": [reward_record(r) for r in rows]},
+                        root, rows, is_vlm)
+
+
+def sft_order(rows: list[dict], seed: int) -> list[dict]:
+    """The one deterministic epoch the loss-token cap takes its prefix from."""
+    rows = sorted(rows, key=row_key)
+    random.Random(seed).shuffle(rows)
+    return rows
+
+
+def sft_dataset(root: Path, rows: list[dict], *, is_vlm: bool, seed: int):
+    rows = sft_order(rows, seed)
+    return _with_images({
+        "prompt": [user_turn(r) for r in rows],
+        "completion": [[{"role": "assistant", "content": format_answer(r["target"])}] for r in rows],
+    }, root, rows, is_vlm)
+
+
+def corpus(rows: list[dict]) -> list[str]:
+    """Every text the model will read or write: what the tiny tokenizer is trained on."""
+    out = []
+    for r in rows:
+        out.append(prompt_text(r))
+        out.append(format_answer(r["target"]))
+    return out
