@@ -106,7 +106,7 @@ def irrelevant_to_arm(cfg: Config) -> list[str]:
     """
     if ARMS[cfg.arm.name].rl:
         return ["budget.max_loss_tokens"]
-    return ["budget.max_completion_tokens", "rollout", "reward", "train.eval_before"]
+    return ["budget.max_completion_tokens", "budget.sft_warm_start_steps", "rollout", "reward", "train.eval_before"]
 
 
 def _to_typed(cfg: DictConfig | Config) -> Config:

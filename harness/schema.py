@@ -190,7 +190,6 @@ class SftArm(ArmConfig):
 @dataclass
 class GrpoArm(ArmConfig):
     init: str = f("sft", "policy to start from: sft (the SFT run of the same model, data, seed), scratch, or a path")
-    init_sft_steps: int = f(45, "optimizer steps of the SFT warm start when init=sft (capped by steps, not seconds)", ge=1)
     prompts_per_step: int = f(4, "unique prompts per optimizer step (global)", ge=1)
     num_generations: int = f(8, "G: completions sampled per prompt; advantages are normalized within a group", ge=2)
     max_completion_length: int = f(16, "sampled tokens per completion at most; truncated ones get the invalid-format penalty", ge=1)
@@ -250,7 +249,7 @@ class DataConfig:
 
 @dataclass
 class SyntheticData(DataConfig):
-    n_base: int = f(600, "base items; each yields four views (FULL, CONTROL, MISSING, SUBSTITUTE)", ge=4)
+    n_base: int = f(1200, "base items; each yields four views (FULL, CONTROL, MISSING, SUBSTITUTE)", ge=4)
     data_seed: int = f(0, "generator seed; independent of the run seed so every arm and seed sees the same data", ge=0)
     image_size: Optional[int] = f(None, "image side in pixels; null = 4 x model.patch_size (56 or 64)", ge=14)
     val_fraction: float = f(0.1, "fraction of base items in split val", ge=0.0, lt=1.0)
@@ -314,6 +313,7 @@ class BudgetConfig:
     max_completion_tokens: int = f(MISSING, "sampled completion tokens a run may spend (all ranks), never exceeded", ge=1)
     max_loss_tokens: int = f(MISSING, "SFT: loss-bearing tokens a run may train on (longest prefix of one epoch that fits)", ge=1)
     max_steps: int = f(MISSING, "optimizer steps at most (the token budget usually binds first)", ge=1)
+    sft_warm_start_steps: int = f(150, "RL arms with arm.init=sft: optimizer steps of the SFT warm start (capped by steps, not seconds)", ge=1)
 
 
 @dataclass

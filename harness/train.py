@@ -67,7 +67,7 @@ def sft_parent(plan):
 
     keep = [o for o in plan.overrides
             if not o.lstrip("+~").startswith(("arm", "budget.max_steps", "mode", "run_mode"))]
-    steps = plan.config["arm"]["init_sft_steps"]
+    steps = plan.config["budget"]["sft_warm_start_steps"]
     # train.save_steps is not semantic: a warm start of a few seconds needs only its final checkpoint
     keep = [o for o in keep if not o.startswith("train.save_steps")]
     return compose_plan([*keep, "arm=sft", f"budget.max_steps={steps}", f"train.save_steps={steps}"])

@@ -41,7 +41,7 @@ from typing import Any, Iterable, Mapping
 from harness.models.tokenizer import corpus_lines
 
 #: Bump when a change here changes the built files for the same parameters (it keys the cache).
-BUILDER_VERSION = "1"
+BUILDER_VERSION = "2"  # 2: BPE merges with min_frequency=1 (whole-word answers)
 MANIFEST = "harness_model.json"
 VLM_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 TEXT_FAMILIES = ("qwen2",)

@@ -119,7 +119,10 @@ def train_bpe(corpus: Iterable[str], vocab_size: int):
     tok.decoder = decoders.ByteLevel()
     trainer = BpeTrainer(
         vocab_size=vocab_size,
-        min_frequency=2,  # a pair seen once is noise, not vocabulary
+        # The corpus is a set of unique lines, so a word like "yellow" may occur once: with
+        # min_frequency=2 it stayed spelled out in bytes (343 entries, 12-token answers), and
+        # sampled answers went malformed one character at a time. Merge down to vocab_size.
+        min_frequency=1,
         special_tokens=list(SPECIAL_TOKENS),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,

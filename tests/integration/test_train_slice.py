@@ -144,3 +144,32 @@ def test_sft_loss_tokens_match_the_collator_and_the_cap(tmp_path):
     assert comp["realized_loss_tokens"] == comp["planned_loss_tokens"] <= 700 == comp["loss_token_ceiling"]
     assert comp["planned_loss_tokens"] > 700 - 20  # the longest prefix: one more row would not fit
     assert verify(run) == []
+
+
+def test_lora_policy_is_an_adapter_that_loads_with_peft(tmp_path):
+    """tuning=lora saves a PEFT adapter as final_policy/ (arm=sft keeps it quick; the warning says why
+    LoRA on a random base is not the default)."""
+    from peft import PeftModel
+    from transformers import AutoModelForImageTextToText
+
+    proc = run_harness("arm=sft", "debug=tiny", "model.tuning=lora", "budget.max_loss_tokens=400",
+                       f"output_root={tmp_path}", timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "LoRA on a random base" in proc.stderr
+    run = _run_dir(tmp_path, "sft")
+    policy = json.loads((run / "final_policy" / "harness_policy.json").read_text())
+    assert policy["tuning"] == "lora" and "adapter_config.json" in policy["files"]
+    base = AutoModelForImageTextToText.from_pretrained(policy["base_path"])
+    model = PeftModel.from_pretrained(base, run / "final_policy")
+    assert any("lora_" in n for n, _ in model.named_parameters())
+    assert verify(run) == []
+
+
+def test_text_only_model_trains(tmp_path):
+    proc = run_harness("arm=sft", "model=tiny_lm", "debug=tiny", "budget.max_loss_tokens=400",
+                       f"output_root={tmp_path}", timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    run = _run_dir(tmp_path, "sft")
+    comp = json.loads((run / "completion.json").read_text())
+    assert comp["realized_loss_tokens"] == comp["planned_loss_tokens"] <= 400
+    assert verify(run) == []

@@ -131,3 +131,15 @@ def test_identity_placeholders(plan_of):
     assert ident["model"]["kind"] == "tiny" and len(ident["model"]["spec_sha256"]) == 64
     assert set(ident["code"]) >= {"commit", "dirty"}
     assert ident["environment"]["packages"]["trl"] == "1.16.0"
+
+
+def test_fields_an_arm_never_reads_do_not_split_its_identity(plan_of):
+    """SFT ignores the token budget, rollout and reward; RL arms ignore the loss-token cap. Runs that
+    differ only there are the same run (a sweep's RL jobs then share one SFT warm start)."""
+    sft = plan_of("arm=sft").identity["semantic_sha256"]
+    for override in ("budget.max_completion_tokens=999999", "reward.invalid_penalty=0",
+                     "budget.sft_warm_start_steps=7"):
+        assert plan_of("arm=sft", override).identity["semantic_sha256"] == sft
+    grpo = plan_of().identity["semantic_sha256"]
+    assert plan_of("budget.max_loss_tokens=123").identity["semantic_sha256"] == grpo
+    assert plan_of("budget.sft_warm_start_steps=7").identity["semantic_sha256"] != grpo
