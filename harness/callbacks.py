@@ -94,7 +94,7 @@ def console_line(step: int, max_steps: int, logs: dict, ctx: RunContext) -> str:
         used = ctx.tokens_used * ctx.world  # approximate across ranks for display; the ledgers are exact
         parts.append(f"tokens {used}/{budget} ({100 * used / budget:.0f}%)")
     elif ctx.loss_tokens:
-        parts.append(f"loss tokens {ctx.loss_tokens}/{ctx.plan.budget['loss_token_ceiling']}")
+        parts.append(f"epoch prefix of {ctx.loss_tokens} loss tokens (cap {ctx.plan.budget['loss_token_ceiling']})")
     elapsed = time.time() - ctx.started
     parts.append(f"{elapsed / max(step, 1):.2f} s/step")
     return " | ".join(parts)
@@ -135,8 +135,9 @@ class QuietProgressCallback(ProgressCallback):
 class CheckpointCallback(TrainerCallback):
     """After the Trainer saved checkpoint-<step>: bind the frontier, record digests, publish, retain."""
 
-    def __init__(self, ctx: RunContext, keep_last: int):
+    def __init__(self, ctx: RunContext, keep_last: int, extra_totals=None):
         self.ctx, self.keep_last = ctx, keep_last
+        self.extra_totals = extra_totals or (lambda: {})  # e.g. SFT: loss tokens trained so far
         self.published: list[int] = []
 
     def on_save(self, args, state, control, model=None, optimizer=None, lr_scheduler=None, **kwargs):
@@ -153,7 +154,7 @@ class CheckpointCallback(TrainerCallback):
             ckpt_dir, step=step, identity=self.ctx.plan.identity, frontier={f"rank-{self.ctx.rank}": frontier},
             state=digests,
             totals={"completion_tokens": self.ctx.tokens_used, "completions": self.ctx.completions,
-                    "loss_tokens": self.ctx.loss_tokens},
+                    "loss_tokens": self.ctx.loss_tokens, **self.extra_totals()},
             permanent=final,
         )
         self.published.append(step)

@@ -136,8 +136,10 @@ def check_arm(cfg: Config, out: Findings) -> None:
         return
     if not isinstance(a, GrpoArm):
         return
-    if a.init not in ("sft", "scratch") and not Path(a.init).exists():
-        out.error("arm.init", a.init, "is neither sft, scratch, nor an existing policy directory",
+    if a.init not in ("sft", "scratch") and not any((Path(a.init) / f).is_file()
+                                                     for f in ("config.json", "adapter_config.json")):
+        out.error("arm.init", a.init, "is neither sft, scratch, nor a policy directory (config.json or "
+                  "adapter_config.json in it)",
                   "use arm.init=sft (default), arm.init=scratch, or a path to an adapter / full weights")
     completions = a.prompts_per_step * a.num_generations
     shards = cfg.placement.num_processes * a.gradient_accumulation_steps

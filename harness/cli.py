@@ -48,6 +48,10 @@ def run(cfg: DictConfig, choices: dict | None = None, overrides: list[str] | Non
             return 0
         for w in plan.warnings:
             log.warning("warning: %s", w)
+        if plan.config["run_mode"] == "smoke":
+            from harness.smoke import smoke
+
+            return smoke(plan)
         from harness.lifecycle import execute
 
         return execute(plan)

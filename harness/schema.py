@@ -336,6 +336,7 @@ class Config:
     mode: Mode = f(Mode.train, "train, or plan: print the plan as JSON and write nothing", semantic=False)
     run_mode: RunMode = f(RunMode.normal, "normal, or smoke: checkpoint, die, resume in a new process, verify", semantic=False)
     resume: Resume = f(Resume.auto, "auto: continue a run dir of the same identity; must: refuse when none; never: refuse when it exists", semantic=False)
+    resume_from: Optional[str] = f(None, "a checkpoint dir to resume from; must be the run's newest complete one (no silent rollback)", semantic=False)
     model: ModelConfig = MISSING
     arm: ArmConfig = MISSING
     data: DataConfig = MISSING

@@ -77,6 +77,14 @@ def build_policy(plan, run: RunDir, corpus: list[str]) -> Policy:
     from harness.models import special_token_ids_to_suppress
 
     base_path, base_ident = build_base(plan, corpus)
+    recorded = run.manifest["identity"]["model"].get("files_sha256")
+    if recorded and base_ident.get("files_sha256") and recorded != base_ident["files_sha256"]:
+        from harness.errors import FieldDiff, ResumeMismatchError
+
+        raise ResumeMismatchError(str(run.path), [FieldDiff("identity.model.files_sha256", recorded,
+                                                            base_ident["files_sha256"])],
+                                  "the model files changed since this run started; restore them, or start a new "
+                                  "run (another output_root)")
     run.manifest["identity"]["model"].update(files_sha256=base_ident.get("files_sha256"), base_path=base_path)
     arm = plan.config["arm"]
     init = {"kind": "scratch", "path": base_path}
@@ -147,7 +155,7 @@ def run_training(plan, run: RunDir) -> int:
     run.set_status("running", init=policy.init)
 
     ctx = RunContext(run_dir=run.path, plan=plan)
-    resume_from = _resume_point(run)
+    resume_from = _resume_point(plan, run)
     fr = (read_json(resume_from / ckpt.CHECKPOINT_MANIFEST)["frontier"].get("rank-0", {}) if resume_from else {})
     opened = lambda key, rel: AppendLog(run.path, rel, Frontier.from_json(fr[key]) if key in fr else None)  # noqa: E731
     ctx.metrics = opened("metrics", METRICS_PATH)
@@ -177,16 +185,33 @@ def run_training(plan, run: RunDir) -> int:
                                eos_token_ids=policy.eos_token_ids, provenance=_provenance(plan))
     else:
         dataset, reward = sft_dataset(root, train_rows, is_vlm=is_vlm, seed=c["seed"]), None
+    trainer_box: list = []  # the SFT trainer's running count of trained loss tokens goes into checkpoints
+    extra_totals = (lambda: {"trained_loss_tokens": trainer_box[0].trained_loss_tokens}) if not is_rl else None
     callbacks = [BudgetCallback(ctx), MetricsCallback(ctx, console=c["logger"]["console"]),
-                 CheckpointCallback(ctx, keep_last=c["train"]["keep_last"])]
+                 CheckpointCallback(ctx, keep_last=c["train"]["keep_last"], extra_totals=extra_totals)]
     bctx = BuildContext(plan=plan, run_dir=run.path, model=policy.model, processor=policy.processor,
                         train_dataset=dataset, callbacks=callbacks, reward_fn=reward,
                         suppress_token_ids=policy.suppress_token_ids, device=device_of(plan), world=ctx.world)
     trainer = build_trainer(arm["name"], bctx)
+    trainer_box.append(trainer)
     if not is_rl:
         ctx.loss_tokens = trainer.harness_loss_token_plan["loss_tokens"]
+        if resume_from is not None:  # continue the count of what was trained before the checkpoint
+            totals = read_json(resume_from / ckpt.CHECKPOINT_MANIFEST)["totals"]
+            trainer.trained_loss_tokens = totals.get("trained_loss_tokens", 0)
     trainer.remove_callback(ProgressCallback)
     trainer.add_callback(QuietProgressCallback)
+    from harness.smoke import install_kill_switch
+
+    install_kill_switch(trainer, plan)
+    if resume_from is not None:
+        from harness.audit import ResumeAuditCallback
+
+        audit = ResumeAuditCallback(run.path, resume_from, rank=ctx.rank)
+        audit.attach(trainer)
+        trainer.add_callback(audit)
+        if c["model"]["tuning"] == "full" and not _stock_resume():
+            load_full_weights_strictly(policy.model, resume_from)
     train_out = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
 
     for lg in (ctx.ledger, ctx.trace, ctx.metrics):
@@ -217,9 +242,63 @@ def _provenance(plan) -> dict:
             "commit": code.get("commit"), "dirty": code.get("dirty")}
 
 
-def _resume_point(run: RunDir) -> Path | None:
-    complete = ckpt.complete_checkpoints(run.path)
-    return complete[-1] if complete else None
+def _resume_point(plan, run: RunDir) -> Path | None:
+    """The newest checkpoint that is complete and intact; torn or corrupted ones are skipped, by name.
+
+    An explicit `resume_from` must be that checkpoint: resuming from an older one would silently
+    roll the run back (its later checkpoints, ledger rows and metrics would be orphaned).
+    """
+    from harness.accounting import Frontier, FrontierError, check_frontier
+
+    chosen = None
+    for p in reversed(ckpt.list_checkpoints(run.path)):
+        problems = ckpt.checkpoint_problems(p)
+        if not problems:
+            try:
+                for fr in read_json(p / ckpt.CHECKPOINT_MANIFEST)["frontier"].get("rank-0", {}).values():
+                    check_frontier(run.path, Frontier.from_json(fr))
+            except FrontierError as exc:
+                problems = [f"{p.name}: {exc}"]
+        if problems:
+            log.warning("skipping checkpoint %s: %s", p.name, "; ".join(problems))
+            run.manifest.setdefault("skipped_checkpoints", []).append({"checkpoint": p.name, "problems": problems})
+            continue
+        chosen = p
+        break
+    explicit = plan.config.get("resume_from")
+    if explicit and (chosen is None or Path(explicit).resolve() != chosen.resolve()):
+        from harness.errors import RunDirStateError
+
+        raise RunDirStateError(
+            f"resume_from={explicit} is not the newest complete checkpoint of this run "
+            f"({chosen.name if chosen else 'there is none'}); resuming from it would silently roll the run back.\n"
+            "    fix: drop resume_from (the run continues from its newest complete checkpoint), or start a new run "
+            "(another output_root) from that checkpoint with arm.init=<its path>")
+    if chosen is not None:
+        log.info("resuming from %s (newest complete checkpoint)", chosen.name)
+    return chosen
+
+
+def load_full_weights_strictly(model, checkpoint: Path) -> None:
+    """The fix for the Qwen-VL full fine-tuning resume pitfall (PLATFORM.md).
+
+    Trainer._load_from_checkpoint loads the checkpoint's safetensors with strict=False under the
+    on-disk key names (visual.*, model.layers.*) while the modules are model.visual.* /
+    model.language_model.*: nothing loads, a warning is printed, and training continues from the
+    init weights with the step-N optimizer. Loading through from_pretrained applies the key
+    mapping; the tensors are then copied into the live model strictly (every key, every shape).
+    """
+    from harness.policy import _auto_model
+
+    model.load_state_dict(_auto_model(str(checkpoint)).state_dict(), strict=True)
+
+
+def _stock_resume() -> bool:
+    """HARNESS_STOCK_RESUME=1 disables the harness's resume fixes: only for the tests that show the
+    audit catching the stock loader's silent failures."""
+    import os
+
+    return os.environ.get("HARNESS_STOCK_RESUME") == "1"
 
 
 def _ledger_totals(path: Path) -> tuple[int, int]:

@@ -38,6 +38,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from harness.errors import HarnessError
 from harness.models.tokenizer import corpus_lines
 
 #: Bump when a change here changes the built files for the same parameters (it keys the cache).
@@ -52,7 +53,7 @@ TINY_FIELDS = (
 VISION_HEAD_DIM = 16  # vision heads = vision_width / 16 (4 heads at width 64)
 
 
-class ModelCacheError(RuntimeError):
+class ModelCacheError(HarnessError):
     """A cached or given model dir is not what its manifest says (files changed, missing, corrupt)."""
 
 

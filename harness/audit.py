@@ -1,0 +1,94 @@
+"""Resume audit: prove that a resumed process restored every piece of training state.
+
+At save time each checkpoint's harness_checkpoint.json records digests of the trainable
+parameters, optimizer state, scheduler state and every RNG stream (harness.statedigest). When a
+run resumes, the Trainer restores them in the new process; this callback recomputes the digests
+at the moment each piece is restored and compares:
+
+    parameters, optimizer, scheduler   on_train_begin (the Trainer loaded them just before)
+    RNG streams                        right after Trainer._load_rng_state (it runs inside the
+                                       epoch loop, after the dataloader is rebuilt)
+
+and writes audits/resume-<n>-rank-<r>.json (status passed | failed, expected and actual digest
+of each component) before the first step. A failed audit stops the run with ResumeAuditError.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from transformers import TrainerCallback
+
+from harness.errors import HarnessError
+from harness.rundir import atomic_write_json, now, read_json
+
+log = logging.getLogger("harness")
+
+
+class ResumeAuditError(HarnessError):
+    exit_code = 6
+
+
+class ResumeAuditCallback(TrainerCallback):
+    def __init__(self, run_dir: Path, checkpoint: Path, rank: int = 0):
+        self.run_dir, self.checkpoint, self.rank = Path(run_dir), Path(checkpoint), rank
+        manifest = read_json(self.checkpoint / "harness_checkpoint.json")
+        self.expected = manifest["state_digests"][f"rank-{rank}"]
+        self.actual: dict = {}
+        self.done = False
+
+    def attach(self, trainer) -> None:
+        """Observe the RNG restore. NOTE(trl-1.16): wraps transformers' private Trainer._load_rng_state
+        (the only place RNG streams are restored); tests/unit/test_trl_contract.py pins its signature."""
+        original = trainer._load_rng_state
+
+        def load_rng_state_and_observe(checkpoint):
+            original(checkpoint)
+            if checkpoint is not None and "rng" not in self.actual:
+                from harness.statedigest import rng_digests
+
+                self.actual["rng"] = rng_digests()
+
+        trainer._load_rng_state = load_rng_state_and_observe
+
+    def on_train_begin(self, args, state, control, model=None, optimizer=None, lr_scheduler=None, **kwargs):
+        from harness.statedigest import optimizer_digest, params_digest, scheduler_digest
+
+        self.actual.update(params=params_digest(model), optimizer=optimizer_digest(optimizer),
+                           scheduler=scheduler_digest(lr_scheduler))
+        return control
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if not self.done:
+            self.done = True
+            self.finish(state.global_step)
+        return control
+
+    def finish(self, step: int) -> dict:
+        components = {}
+        for key in ("params", "optimizer", "scheduler"):
+            components[key] = {"expected": self.expected.get(key), "actual": self.actual.get(key),
+                               "passed": self.expected.get(key) == self.actual.get(key)}
+        actual_rng = self.actual.get("rng") or {}
+        for stream, digest in (self.expected.get("rng") or {}).items():
+            if digest is None and actual_rng.get(stream) is None:
+                continue  # e.g. no CUDA on either side
+            components[f"rng.{stream}"] = {"expected": digest, "actual": actual_rng.get(stream),
+                                           "passed": digest == actual_rng.get(stream)}
+        passed = all(c["passed"] for c in components.values())
+        audits = self.run_dir / "audits"
+        n = len(list(audits.glob(f"resume-*-rank-{self.rank}.json"))) + 1 if audits.is_dir() else 1
+        report = {"status": "passed" if passed else "failed", "checkpoint": self.checkpoint.name,
+                  "resumed_at_step": step, "rank": self.rank, "at": now(), "components": components}
+        path = audits / f"resume-{n}-rank-{self.rank}.json"
+        atomic_write_json(path, report)
+        if not passed:
+            bad = [k for k, c in components.items() if not c["passed"]]
+            raise ResumeAuditError(
+                f"resume audit failed for {self.checkpoint.name}: {', '.join(bad)} not restored as saved "
+                f"(see {path}). The run stopped before any further step, so nothing was trained on the wrong "
+                "state.\n    fix: unset HARNESS_STOCK_RESUME if it is set; otherwise this model type's checkpoints do "
+                "not load back through the Trainer: report it with the audit file")
+        log.info("resume audit passed: %s restored (%s)", self.checkpoint.name, ", ".join(components))
+        return report

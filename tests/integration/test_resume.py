@@ -1,0 +1,200 @@
+"""Resume that proves itself: smoke mode, the resume audit against the known silent failure,
+torn and corrupted checkpoints, identity checks, and bitwise continuity after a SIGKILL."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.accounting import read_rows
+from harness.smoke import KILL_RUN_ENV, KILL_STEP_ENV
+from harness.verify import verify
+from tests.conftest import REPO, run_harness
+
+
+def _run_dir(out: Path, arm: str) -> Path:
+    (d,) = [p for p in (out / "runs").iterdir() if p.name.startswith(arm + "-")]
+    return d
+
+
+def _killed_run(out: Path, *overrides: str, kill_step: int, cache: Path | None = None) -> Path:
+    """Run until the end of step `kill_step`, then SIGKILL (as a crash would)."""
+    plan = json.loads(run_harness("mode=plan", f"output_root={out}", *overrides).stdout)
+    extra = [f"data.cache_dir={cache}/data", f"model.cache_dir={cache}/models"] if cache else []
+    proc = run_harness(f"output_root={out}", *overrides, *extra, timeout=600,
+                       env={KILL_RUN_ENV: plan["run_name"], KILL_STEP_ENV: str(kill_step)})
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
+    return Path(plan["run_dir"])
+
+
+@pytest.mark.parametrize("arm", ["grpo", "sft"])
+def test_smoke_mode_passes(tmp_path, arm):
+    proc = run_harness("run_mode=smoke", "debug=tiny", f"arm={arm}", f"output_root={tmp_path}", timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "smoke: passed" in proc.stderr
+    run = next((tmp_path / "smoke" / "runs").glob(f"{arm}-*"))
+    audits = [json.loads(p.read_text()) for p in (run / "audits").glob("*.json")]
+    assert audits and all(a["status"] == "passed" for a in audits)
+    assert all(c["passed"] for a in audits for c in a["components"].values())
+
+
+def _original_format_copy(policy: Path, dst: Path) -> Path:
+    """A copy of a full-weights policy saved the way hub checkpoints are (visual.*, model.layers.*)."""
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(policy, dst)
+    sd = load_file(policy / "model.safetensors")
+    save_file({k.replace("model.language_model.", "model.").replace("model.visual.", "visual."): v
+               for k, v in sd.items()}, dst / "model.safetensors", metadata={"format": "pt"})
+    return dst
+
+
+@pytest.mark.slow
+def test_audit_catches_the_qwen_vl_full_finetune_key_pitfall_and_the_fix_passes(tmp_path):
+    # a policy that samples well-formed answers (so GRPO changes the weights), stored in hub format
+    sft = run_harness("arm=sft", "budget.max_steps=100", "debug=tiny", "data.eval_max_items=8",
+                      f"output_root={tmp_path / 'sft'}", timeout=600)
+    assert sft.returncode == 0, sft.stderr[-3000:]
+    init = _original_format_copy(_run_dir(tmp_path / "sft", "sft") / "final_policy", tmp_path / "hubformat")
+    cache = tmp_path / "sft" / "cache"
+    args = ("debug=tiny", f"arm.init={init}", f"data.cache_dir={cache}/data", f"model.cache_dir={cache}/models")
+    run = _killed_run(tmp_path / "rl", *args, kill_step=5)
+    # stock Trainer resume: loads 0 of the checkpoint's tensors (strict=False, other key names), says nothing
+    stock = run_harness(f"output_root={tmp_path / 'rl'}", *args, env={"HARNESS_STOCK_RESUME": "1"}, timeout=600)
+    assert stock.returncode == 6 and "resume audit failed" in stock.stderr and "params" in stock.stderr
+    failed = json.loads((run / "audits" / "resume-1-rank-0.json").read_text())
+    assert failed["status"] == "failed" and not failed["components"]["params"]["passed"]
+    assert failed["components"]["optimizer"]["passed"]  # the step-N optimizer came back: the silent part
+    assert not (run / "completion.json").exists()
+    # the harness's fix: the same command resumes with every component restored
+    fixed = run_harness(f"output_root={tmp_path / 'rl'}", *args, timeout=600)
+    assert fixed.returncode == 0, fixed.stderr[-3000:]
+    passed = json.loads((run / "audits" / "resume-2-rank-0.json").read_text())
+    assert passed["status"] == "passed"
+    assert verify(run) == []
+
+
+def _corrupt(kind: str, ckpt: Path) -> str:
+    if kind == "torn":
+        (ckpt / "harness_checkpoint.json").unlink()
+        return "no harness_checkpoint.json"
+    if kind == "digest":
+        p = ckpt / "model.safetensors"
+        data = bytearray(p.read_bytes())
+        data[-1] ^= 0xFF
+        p.write_bytes(bytes(data))
+        return "sha256 differs"
+    (ckpt / "optimizer.pt").unlink()
+    return "optimizer.pt: missing"
+
+
+@pytest.fixture(scope="module")
+def killed_after_step_5(tmp_path_factory):
+    root = tmp_path_factory.mktemp("killed")
+    run = _killed_run(root / "out", "debug=tiny", kill_step=5, cache=root / "cache")
+    assert sorted(p.name for p in (run / "checkpoints").glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]
+    return root, run
+
+
+@pytest.mark.parametrize("kind", ["torn", "digest", "missing_optimizer"])
+def test_corrupted_checkpoint_is_skipped_by_name_and_reported(killed_after_step_5, tmp_path, kind):
+    root, run = killed_after_step_5
+    out = tmp_path / "out"
+    shutil.copytree(run, out / "runs" / run.name)
+    copy = out / "runs" / run.name
+    why = _corrupt(kind, copy / "checkpoints" / "checkpoint-4")
+    assert any(why in v for v in verify(copy)), verify(copy)
+    proc = run_harness(f"output_root={out}", "debug=tiny", f"data.cache_dir={root}/cache/data",
+                       f"model.cache_dir={root}/cache/models", timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "skipping checkpoint checkpoint-4" in proc.stderr and why in proc.stderr
+    assert "resuming from checkpoint-2" in proc.stderr
+    audit = json.loads((copy / "audits" / "resume-1-rank-0.json").read_text())
+    assert audit["checkpoint"] == "checkpoint-2" and audit["status"] == "passed"
+    steps = [r["step"] for r in read_rows(copy / "metrics.jsonl")]
+    assert steps == list(range(1, steps[-1] + 1))  # rolled back to step 2, no duplicate rows
+
+
+def test_explicit_older_checkpoint_is_refused(killed_after_step_5, tmp_path):
+    root, run = killed_after_step_5
+    out = tmp_path / "out"
+    shutil.copytree(run, out / "runs" / run.name)
+    older = out / "runs" / run.name / "checkpoints" / "checkpoint-2"
+    proc = run_harness(f"output_root={out}", "debug=tiny", f"resume_from={older}", f"data.cache_dir={root}/cache/data",
+                       f"model.cache_dir={root}/cache/models", timeout=600)
+    assert proc.returncode == 5 and "silently roll the run back" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_changed_model_files_are_refused_with_a_diff(killed_after_step_5, tmp_path):
+    root, run = killed_after_step_5
+    out = tmp_path / "out"
+    shutil.copytree(run, out / "runs" / run.name)
+    manifest = out / "runs" / run.name / "run_manifest.json"
+    m = json.loads(manifest.read_text())
+    m["identity"]["model"]["files_sha256"] = "f" * 64  # the run was made with other model files
+    manifest.write_text(json.dumps(m))
+    proc = run_harness(f"output_root={out}", "debug=tiny", f"data.cache_dir={root}/cache/data",
+                       f"model.cache_dir={root}/cache/models", timeout=600)
+    assert proc.returncode == 4 and "identity.model.files_sha256" in proc.stderr and "f" * 64 in proc.stderr
+
+
+def test_changed_dataset_is_refused_with_a_diff(tmp_path):
+    from harness.data import seal_dataset, write_synthetic
+
+    data = write_synthetic(tmp_path / "data", n_base=40, data_seed=3, image_size=56)
+    args = ("arm=sft", "debug=tiny", "data=jsonl", f"data.path={data}", "data.eval_split=val")
+    run = _killed_run(tmp_path / "out", *args, kill_step=3)
+    rec = data / "records" / "train.jsonl"
+    lines = rec.read_text().splitlines()
+    row = json.loads(lines[0])
+    row["question"] = row["question"].replace("What", "Which")
+    rec.write_text("\n".join([json.dumps(row)] + lines[1:]) + "\n")
+    seal_dataset(data, fill_digests=True)
+    proc = run_harness(f"output_root={tmp_path / 'out'}", *args, timeout=600)
+    assert proc.returncode == 4 and "identity.data.content_sha256" in proc.stderr, proc.stderr[-2000:]
+    assert run.exists()
+
+
+@pytest.mark.slow
+def test_sigkill_at_a_random_moment_then_resume_is_bitwise_identical(tmp_path):
+    """Same command, interrupted by SIGKILL at a random moment after its first checkpoint and started
+    again, ends with the same policy tensors, ledger and trace as the uninterrupted run."""
+    from safetensors.torch import load_file
+
+    cache = tmp_path / "cache"
+    args = ["debug=tiny", f"data.cache_dir={cache}/data", f"model.cache_dir={cache}/models"]
+    straight = run_harness(f"output_root={tmp_path / 'a'}", *args, timeout=600)
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    a = _run_dir(tmp_path / "a", "grpo")
+
+    rng = random.Random(os.getpid())
+    plan = json.loads(run_harness("mode=plan", f"output_root={tmp_path / 'b'}", *args).stdout)
+    b = Path(plan["run_dir"])
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    proc = subprocess.Popen([sys.executable, "-m", "harness", f"output_root={tmp_path / 'b'}", *args], cwd=REPO,
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    first_ckpt = b / "checkpoints" / "checkpoint-2" / "harness_checkpoint.json"
+    deadline = time.time() + 300
+    while not first_ckpt.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    time.sleep(rng.uniform(0.0, 1.5))
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    resumed = run_harness(f"output_root={tmp_path / 'b'}", *args, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+
+    pa, pb = load_file(a / "final_policy" / "model.safetensors"), load_file(b / "final_policy" / "model.safetensors")
+    assert pa.keys() == pb.keys() and all((pa[k] == pb[k]).all() for k in pa)
+    ledger = lambda d: [(r["completion_id"], r["tokens"]) for r in read_rows(d / "ledgers/rank-0.jsonl")]  # noqa: E731
+    trace = lambda d: [(r["completion_id"], r["reward"]) for r in read_rows(d / "traces/rank-0.jsonl")]  # noqa: E731
+    assert ledger(a) == ledger(b) and trace(a) == trace(b)
+    assert verify(b) == []

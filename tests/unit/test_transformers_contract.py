@@ -1,0 +1,22 @@
+"""The private transformers hook the resume audit relies on (harness/audit.py, NOTE(trl-1.16)).
+
+If an upgrade renames or re-signs it, this fails here instead of the audit silently never
+observing the RNG restore (which would make every resume audit fail with rng.* missing).
+"""
+
+import inspect
+
+from transformers import Trainer
+
+
+def test_trainer_load_rng_state_signature():
+    sig = inspect.signature(Trainer._load_rng_state)
+    assert list(sig.parameters) == ["self", "checkpoint"]
+
+
+def test_rng_is_restored_inside_the_epoch_loop_after_the_optimizer():
+    """The audit compares params/optimizer/scheduler at on_train_begin and RNG after _load_rng_state."""
+    src = inspect.getsource(Trainer._run_epoch)
+    assert "_load_rng_state(resume_from_checkpoint)" in src
+    prep = inspect.getsource(Trainer._prepare_for_training)
+    assert "_load_optimizer_and_scheduler(resume_from_checkpoint)" in prep
