@@ -193,7 +193,7 @@ class GrpoArm(ArmConfig):
     prompts_per_step: int = f(4, "unique prompts per optimizer step (global)", ge=1)
     num_generations: int = f(8, "G: completions sampled per prompt; advantages are normalized within a group", ge=2)
     max_completion_length: int = f(16, "sampled tokens per completion at most; truncated ones get the invalid-format penalty", ge=1)
-    temperature: float = f(1.0, "sampling temperature", gt=0.0)
+    temperature: float = f(0.7, "sampling temperature; 0.7 learns on the tiny VLM where 1.0 did not move greedy accuracy (measured)", gt=0.0)
     top_p: float = f(1.0, "nucleus sampling mass", gt=0.0, le=1.0)
     top_k: int = f(0, "top-k sampling (0 = off)", ge=0)
     loss_type: LossType = f(LossType.dapo, "TRL loss normalization (grpo, dr_grpo, dapo, bnpo, ...)")

@@ -1,9 +1,12 @@
 """Dataset rows -> the Hugging Face datasets TRL trainers consume.
 
 RL arms: a conversational `prompt` (the user turn; TRL inserts the image part), an `image`
-column (decoded lazily from the dataset root) for VLMs, and `row`: the JSON the reward function
-scores against (key, relation, answer_type, target, choices). SFT: `prompt` + `completion`
-(the target in the answer schema) + `image`, in one seeded epoch order.
+column (decoded lazily from the dataset root) for VLMs, `row`: the JSON the reward function
+scores against (key, relation, answer_type, target, choices), and `views`: the JSON of the
+row's linkage that evi_po's terms read (candidates C_q in target space, the target's index in
+them, and on FULL rows the absolute paths of the group's MISSING and CONTROL images); grpo and
+papo ignore it. SFT: `prompt` + `completion` (the target in the answer schema) + `image`, in one
+seeded epoch order.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import json
 import random
 from pathlib import Path
 
-from harness.answers import format_answer, prompt_text
+from harness.answers import format_answer, normalize_target, prompt_text
 from harness.data import row_key
 
 
@@ -38,9 +41,39 @@ def _with_images(columns: dict, root: Path, rows: list[dict], is_vlm: bool):
     return Dataset.from_dict(columns)
 
 
+def group_candidates(rows: list[dict]) -> dict[str, list[str]]:
+    """group_id -> the group's answers in target space ("" = abstention), for rows without `candidates`:
+    every view's target plus the abstention, in first-seen order."""
+    out: dict[str, list[str]] = {}
+    for r in rows:
+        cands = out.setdefault(r["group_id"], [])
+        for t in (normalize_target(r["target"], r["answer_type"], r.get("choices")), ""):
+            if t not in cands:
+                cands.append(t)
+    return out
+
+
+def view_links(root: Path, row: dict, fallback: dict[str, list[str]]) -> str:
+    """The `views` column of one row (JSON): candidates, target_index, missing_image, control_image."""
+    atype, choices = row["answer_type"], row.get("choices")
+    cands = [normalize_target(c, atype, choices) for c in (row.get("candidates") or fallback[row["group_id"]])]
+    target = normalize_target(row["target"], atype, choices)
+    if target not in cands:  # validate refuses this for explicit candidates; keep the term well defined anyway
+        cands.append(target)
+
+    def first(key: str) -> str | None:
+        refs = row.get(key) or []
+        return str(root / refs[0]["path"]) if refs and row["relation"] == "FULL" else None
+
+    return json.dumps({"candidates": cands, "target_index": cands.index(target),
+                       "missing_image": first("missing_images"), "control_image": first("control_images")},
+                      sort_keys=True)
+
+
 def rl_dataset(root: Path, rows: list[dict], *, is_vlm: bool):
-    return _with_images({"prompt": [user_turn(r) for r in rows], "row": [reward_record(r) for r in rows]},
-                        root, rows, is_vlm)
+    fallback = group_candidates(rows)
+    return _with_images({"prompt": [user_turn(r) for r in rows], "row": [reward_record(r) for r in rows],
+                         "views": [view_links(root, r, fallback) for r in rows]}, root, rows, is_vlm)
 
 
 def sft_order(rows: list[dict], seed: int) -> list[dict]:
