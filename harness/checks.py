@@ -154,11 +154,13 @@ def check_arm(cfg: Config, out: Findings) -> None:
                   f"is below one step's worst case ({a.prompts_per_step} prompts x {a.num_generations} generations "
                   f"x {a.max_completion_length} tokens = {bound}), so no step fits",
                   f"raise it to at least {bound}, or shrink the step")
-    if a.steps_per_generation > 1 and cfg.train.save_steps % a.steps_per_generation:
+    cycle = a.steps_per_generation * a.num_iterations  # TRL regenerates once every `cycle` optimizer steps
+    if cycle > 1 and cfg.train.save_steps % cycle:
         out.error("train.save_steps", cfg.train.save_steps,
-                  f"must be a multiple of arm.steps_per_generation ({a.steps_per_generation}): the generation buffer "
-                  "is not checkpointed, so a resume mid-cycle would regenerate it and diverge",
-                  f"use a multiple of {a.steps_per_generation}")
+                  f"must be a multiple of the generation cycle, arm.steps_per_generation x arm.num_iterations "
+                  f"({cycle}): the generation buffer is not checkpointed, so a resume mid-cycle would regenerate it "
+                  "and diverge",
+                  f"use a multiple of {cycle}")
     if a.epsilon_high is not None and a.epsilon_high < a.epsilon:
         out.error("arm.epsilon_high", a.epsilon_high, f"is below arm.epsilon ({a.epsilon})",
                   "set epsilon_high >= epsilon, or null to use epsilon")

@@ -36,7 +36,7 @@ def _killed_run(out: Path, *overrides: str, kill_step: int, cache: Path | None =
     return Path(plan["run_dir"])
 
 
-@pytest.mark.parametrize("arm", ["grpo", "sft"])
+@pytest.mark.parametrize("arm", ["grpo", "sft", "papo", "evi_po"])
 def test_smoke_mode_passes(tmp_path, arm):
     proc = run_harness("run_mode=smoke", "debug=tiny", f"arm={arm}", f"output_root={tmp_path}", timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]

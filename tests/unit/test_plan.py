@@ -89,6 +89,10 @@ def test_cross_field_checks(plan_of):
     with pytest.raises(ConfigError) as err:
         plan_of("arm.steps_per_generation=4", "train.save_steps=6")
     assert err.value.problems[0].field == "train.save_steps"
+    with pytest.raises(ConfigError) as err:  # the buffer is reused num_iterations times too
+        plan_of("arm.steps_per_generation=2", "arm.num_iterations=2", "train.save_steps=6")
+    assert err.value.problems[0].field == "train.save_steps" and "(4)" in err.value.problems[0].why
+    plan_of("arm.steps_per_generation=2", "arm.num_iterations=2", "train.save_steps=8")
     with pytest.raises(ConfigError) as err:
         plan_of("model=tiny_lm", "arm=papo")
     assert err.value.problems[0].field == "arm"
