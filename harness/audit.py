@@ -5,7 +5,8 @@ parameters, optimizer state, scheduler state and every RNG stream (harness.state
 run resumes, the Trainer restores them in the new process; this callback recomputes the digests
 at the moment each piece is restored and compares:
 
-    parameters, optimizer, scheduler   on_train_begin (the Trainer loaded them just before)
+    parameters, adapters, optimizer,   on_train_begin (the Trainer loaded them just before; adapters:
+    scheduler                          every PEFT adapter, the frozen reference one included)
     RNG streams                        right after Trainer._load_rng_state (it runs inside the
                                        epoch loop, after the dataloader is rebuilt)
 
@@ -53,10 +54,10 @@ class ResumeAuditCallback(TrainerCallback):
         trainer._load_rng_state = load_rng_state_and_observe
 
     def on_train_begin(self, args, state, control, model=None, optimizer=None, lr_scheduler=None, **kwargs):
-        from harness.statedigest import optimizer_digest, params_digest, scheduler_digest
+        from harness.statedigest import adapters_digest, optimizer_digest, params_digest, scheduler_digest
 
-        self.actual.update(params=params_digest(model), optimizer=optimizer_digest(optimizer),
-                           scheduler=scheduler_digest(lr_scheduler))
+        self.actual.update(params=params_digest(model), adapters=adapters_digest(model),
+                           optimizer=optimizer_digest(optimizer), scheduler=scheduler_digest(lr_scheduler))
         return control
 
     def on_step_begin(self, args, state, control, **kwargs):
@@ -67,7 +68,9 @@ class ResumeAuditCallback(TrainerCallback):
 
     def finish(self, step: int) -> dict:
         components = {}
-        for key in ("params", "optimizer", "scheduler"):
+        for key in ("params", "adapters", "optimizer", "scheduler"):
+            if key == "adapters" and self.expected.get(key) is None and self.actual.get(key) is None:
+                continue  # no PEFT adapters on either side
             components[key] = {"expected": self.expected.get(key), "actual": self.actual.get(key),
                                "passed": self.expected.get(key) == self.actual.get(key)}
         actual_rng = self.actual.get("rng") or {}

@@ -76,9 +76,19 @@ def rng_digests() -> dict[str, str | None]:
     return out
 
 
+def adapters_digest(model: torch.nn.Module) -> str | None:
+    """Every PEFT adapter's weights, frozen ones included (with beta > 0, TRL keeps the reference policy as
+    a frozen "ref" adapter next to the trained "default" one: restoring only one of them would go unseen
+    by a trainable-parameters digest). None for a model without adapters."""
+    if not hasattr(model, "peft_config"):
+        return None
+    return digest({n: p for n, p in model.named_parameters() if "lora_" in n or "modules_to_save" in n})
+
+
 def state_digests(model, optimizer, scheduler) -> dict:
     return {
         "params": params_digest(model),
+        "adapters": adapters_digest(model),
         "optimizer": optimizer_digest(optimizer),
         "scheduler": scheduler_digest(scheduler),
         "rng": rng_digests(),

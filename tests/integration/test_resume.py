@@ -58,14 +58,21 @@ def _original_format_copy(policy: Path, dst: Path) -> Path:
     return dst
 
 
-@pytest.mark.slow
-def test_audit_catches_the_qwen_vl_full_finetune_key_pitfall_and_the_fix_passes(tmp_path):
-    # a policy that samples well-formed answers (so GRPO changes the weights), stored in hub format
+@pytest.fixture(scope="module")
+def sft_policy(tmp_path_factory):
+    """A full-weights policy that samples well-formed answers, so GRPO steps change the weights."""
+    root = tmp_path_factory.mktemp("sftpolicy")
     sft = run_harness("arm=sft", "budget.max_steps=100", "debug=tiny", "data.eval_max_items=8",
-                      f"output_root={tmp_path / 'sft'}", timeout=600)
+                      f"output_root={root}", timeout=600)
     assert sft.returncode == 0, sft.stderr[-3000:]
-    init = _original_format_copy(_run_dir(tmp_path / "sft", "sft") / "final_policy", tmp_path / "hubformat")
-    cache = tmp_path / "sft" / "cache"
+    return _run_dir(root, "sft") / "final_policy", root / "cache"
+
+
+@pytest.mark.slow
+def test_audit_catches_the_qwen_vl_full_finetune_key_pitfall_and_the_fix_passes(tmp_path, sft_policy):
+    # the policy stored in the hub's key layout, as a real Qwen-VL checkpoint is
+    policy, cache = sft_policy
+    init = _original_format_copy(policy, tmp_path / "hubformat")
     args = ("debug=tiny", f"arm.init={init}", f"data.cache_dir={cache}/data", f"model.cache_dir={cache}/models")
     run = _killed_run(tmp_path / "rl", *args, kill_step=5)
     # stock Trainer resume: loads 0 of the checkpoint's tensors (strict=False, other key names), says nothing
@@ -80,6 +87,28 @@ def test_audit_catches_the_qwen_vl_full_finetune_key_pitfall_and_the_fix_passes(
     assert fixed.returncode == 0, fixed.stderr[-3000:]
     passed = json.loads((run / "audits" / "resume-2-rank-0.json").read_text())
     assert passed["status"] == "passed"
+    assert verify(run) == []
+
+
+@pytest.mark.slow
+def test_lora_with_a_frozen_reference_adapter_resumes_with_both_adapters_audited(tmp_path, sft_policy):
+    """LoRA + beta > 0: TRL keeps the reference policy as a frozen "ref" adapter saved in a subfolder.
+    On these pins (transformers 5.24, peft 0.21.2, trl 1.16) the stock loader restores both adapters;
+    the audit digests every adapter (frozen ones too), so a loader that restored only one would fail it."""
+    from safetensors.torch import load_file
+
+    policy, cache = sft_policy
+    args = ("debug=tiny", "model.tuning=lora", "arm.beta=0.04", f"arm.init={policy}",
+            f"data.cache_dir={cache}/data", f"model.cache_dir={cache}/models")
+    run = _killed_run(tmp_path, *args, kill_step=5)
+    ckpt = run / "checkpoints" / "checkpoint-4"
+    default, ref = load_file(ckpt / "adapter_model.safetensors"), load_file(ckpt / "ref" / "adapter_model.safetensors")
+    assert max(v.abs().max().item() for k, v in default.items() if "lora_B" in k) > 0  # the policy adapter moved
+    assert max(v.abs().max().item() for k, v in ref.items() if "lora_B" in k) == 0  # the reference did not
+    resumed = run_harness(f"output_root={tmp_path}", *args, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    audit = json.loads((run / "audits" / "resume-1-rank-0.json").read_text())
+    assert audit["status"] == "passed" and "adapters" in audit["components"]
     assert verify(run) == []
 
 

@@ -71,7 +71,7 @@ def test_checkpoints_published_and_retained(grpo_run):
     comp = json.loads((run / "completion.json").read_text())
     assert final["permanent"] and final["step"] == comp["optimizer_steps"]
     assert final["frontier"]["rank-0"]["ledger"]["rows"] == comp["realized_completion_count"]
-    assert set(final["state_digests"]["rank-0"]) == {"params", "optimizer", "scheduler", "rng"}
+    assert set(final["state_digests"]["rank-0"]) == {"params", "adapters", "optimizer", "scheduler", "rng"}
     non_permanent = [p for p in complete if not json.loads((p / CHECKPOINT_MANIFEST).read_text())["permanent"]]
     assert len(non_permanent) <= 2  # debug=tiny keeps the latest 2 besides the permanent final
 

@@ -1,0 +1,79 @@
+"""The resume audit's comparison: every component that was not restored as saved fails it, by name."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+
+from harness.audit import ResumeAuditCallback, ResumeAuditError
+from harness.statedigest import state_digests
+
+
+class TwoAdapters(torch.nn.Module):
+    """Stands in for a PEFT model with a trained "default" adapter and a frozen "ref" one."""
+
+    def __init__(self):
+        super().__init__()
+        self.base = torch.nn.Linear(3, 3)
+        self.lora_default = torch.nn.Linear(3, 3)
+        self.lora_ref = torch.nn.Linear(3, 3)
+        self.base.requires_grad_(False)
+        self.lora_ref.requires_grad_(False)
+        self.peft_config = {"default": None, "ref": None}
+
+
+def _checkpoint(tmp_path, model, opt, sched):
+    ckpt = tmp_path / "checkpoints" / "checkpoint-4"
+    ckpt.mkdir(parents=True)
+    (ckpt / "harness_checkpoint.json").write_text(json.dumps({"state_digests": {"rank-0": state_digests(model, opt, sched)}}))
+    return ckpt
+
+
+def _audit(tmp_path, ckpt, model, opt, sched):
+    cb = ResumeAuditCallback(tmp_path, ckpt)
+    cb.on_train_begin(None, None, None, model=model, optimizer=opt, lr_scheduler=sched)
+    from harness.statedigest import rng_digests
+
+    cb.actual["rng"] = rng_digests()
+    return cb
+
+
+def _setup():
+    torch.manual_seed(0)
+    model = TwoAdapters()
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=0.1)
+    model.lora_default(torch.ones(1, 3)).sum().backward()
+    opt.step()
+    sched = torch.optim.lr_scheduler.StepLR(opt, 1)
+    return model, opt, sched
+
+
+def test_everything_restored_passes(tmp_path):
+    model, opt, sched = _setup()
+    ckpt = _checkpoint(tmp_path, model, opt, sched)
+    report = _audit(tmp_path, ckpt, model, opt, sched).finish(4)
+    assert report["status"] == "passed" and "adapters" in report["components"]
+    assert json.loads((tmp_path / "audits" / "resume-1-rank-0.json").read_text())["status"] == "passed"
+
+
+@pytest.mark.parametrize("break_it,component", [
+    (lambda m, o, s: m.lora_default.weight.data.add_(1.0), "params+adapters"),  # the trained adapter not restored
+    (lambda m, o, s: m.lora_ref.weight.data.add_(1.0), "adapters"),  # only the frozen reference is wrong
+    (lambda m, o, s: o.state[next(iter(o.state))]["exp_avg"].add_(1.0), "optimizer"),
+    (lambda m, o, s: setattr(s, "last_epoch", s.last_epoch + 1), "scheduler"),
+    (lambda m, o, s: random.random(), "rng.python"),
+    (lambda m, o, s: torch.rand(1), "rng.torch_cpu"),
+])
+def test_each_unrestored_component_fails_the_audit_by_name(tmp_path, break_it, component):
+    model, opt, sched = _setup()
+    ckpt = _checkpoint(tmp_path, model, opt, sched)
+    break_it(model, opt, sched)
+    cb = _audit(tmp_path, ckpt, model, opt, sched)
+    with pytest.raises(ResumeAuditError, match=component.split("+")[0]):
+        cb.finish(4)
+    report = json.loads((tmp_path / "audits" / "resume-1-rank-0.json").read_text())
+    failed = [k for k, c in report["components"].items() if not c["passed"]]
+    assert report["status"] == "failed" and failed == component.split("+")
