@@ -60,12 +60,52 @@ def run(cfg: DictConfig, choices: dict | None = None, overrides: list[str] | Non
         return exc.exit_code
 
 
+_FAILED_JOBS: list[int] = []
+
+
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
 def _entry(cfg: DictConfig) -> None:
+    from hydra.types import RunMode
+
     hc = HydraConfig.get()
-    code = run(cfg, dict(hc.runtime.choices), list(hc.overrides.task))
-    if code:
-        raise SystemExit(code)
+    overrides = list(hc.overrides.task)
+    if hc.mode != RunMode.MULTIRUN:
+        code = run(cfg, dict(hc.runtime.choices), overrides)
+        if code:
+            raise SystemExit(code)
+        return
+    # A sweep job: a failure is recorded and the sweep goes on with the next job.
+    record = {"job": hc.job.num, "overrides": overrides, "status": "failed", "exit_code": None, "error": None}
+    try:
+        code = run(cfg, dict(hc.runtime.choices), overrides)
+        record.update(status="completed" if code == 0 else "failed", exit_code=code)
+    except Exception as exc:  # noqa: BLE001  (one failing job must not end the sweep)
+        import traceback
+
+        record.update(error={"type": type(exc).__name__, "message": str(exc)[:2000],
+                             "traceback": traceback.format_exc()[-4000:]})
+        log.error("sweep job %s failed: %s: %s", hc.job.num, type(exc).__name__, exc)
+    finally:
+        _record_sweep_job(hc, record)
+    if record["status"] != "completed":
+        _FAILED_JOBS.append(hc.job.num)
+
+
+def _record_sweep_job(hc, record: dict) -> None:
+    """<sweep dir>/jobs/<num>.json: the job's overrides, status and run dir (the sweep folder lists its jobs)."""
+    from pathlib import Path
+
+    from harness.rundir import atomic_write_json
+
+    try:
+        record["run_dir"] = _run_dir_of(record["overrides"])
+    except Exception:  # noqa: BLE001  (a config that does not plan has no run dir)
+        record["run_dir"] = None
+    atomic_write_json(Path(hc.sweep.dir) / "jobs" / f"{record['job']}.json", record)
+
+
+def _run_dir_of(overrides: list[str]) -> str:
+    return compose_plan(overrides).run_dir
 
 
 def _needs_hydra_cli(argv: list[str]) -> bool:
@@ -128,6 +168,10 @@ def main() -> None:
     argv = sys.argv[1:]
     if _needs_hydra_cli(argv):
         _entry()
+        if _FAILED_JOBS:
+            log.error("sweep finished with %d failed job(s): %s (see <sweep dir>/jobs/)", len(_FAILED_JOBS),
+                      ", ".join(map(str, _FAILED_JOBS)))
+            raise SystemExit(1)
         return
     code = compose_and_run(argv)
     if code:

@@ -98,3 +98,14 @@ def test_vllm_rollout_refused_naming_what_is_missing():
 
     assert "vllm is not installed" in proc.stderr
     assert cuda_visible() or "need a CUDA device" in proc.stderr
+
+
+def test_sweep_records_every_job_and_a_failing_job_does_not_end_it(tmp_path):
+    proc = run_harness("-m", "mode=plan", "arm.learning_rate=-1,1e-4", f"output_root={tmp_path}")
+    assert proc.returncode == 1 and "1 failed job(s)" in proc.stderr and "Traceback" not in proc.stderr
+    (sweep,) = (tmp_path / "sweeps").iterdir()
+    failed = json.loads((sweep / "jobs" / "0.json").read_text())
+    ok = json.loads((sweep / "jobs" / "1.json").read_text())
+    assert failed["status"] == "failed" and failed["exit_code"] == 2 and failed["run_dir"] is None
+    assert ok["status"] == "completed" and ok["run_dir"].startswith(str(tmp_path / "runs"))
+    assert not (tmp_path / "runs").exists()  # mode=plan jobs write no run dir
