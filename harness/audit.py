@@ -66,15 +66,17 @@ class ResumeAuditCallback(TrainerCallback):
             self.finish(state.global_step)
         return control
 
-    def finish(self, step: int) -> dict:
+    def finish(self, step: int, only: tuple[str, ...] | None = None) -> dict:
+        """Compare and write the audit; `only` restricts it (a run resumed at its final checkpoint restores
+        just the weights: there is no further step for an optimizer or RNG state to affect)."""
         components = {}
-        for key in ("params", "adapters", "optimizer", "scheduler"):
+        for key in only or ("params", "adapters", "optimizer", "scheduler"):
             if key == "adapters" and self.expected.get(key) is None and self.actual.get(key) is None:
                 continue  # no PEFT adapters on either side
             components[key] = {"expected": self.expected.get(key), "actual": self.actual.get(key),
                                "passed": self.expected.get(key) == self.actual.get(key)}
         actual_rng = self.actual.get("rng") or {}
-        for stream, digest in (self.expected.get("rng") or {}).items():
+        for stream, digest in (self.expected.get("rng") or {}).items() if only is None else ():
             if digest is None and actual_rng.get(stream) is None:
                 continue  # e.g. no CUDA on either side
             components[f"rng.{stream}"] = {"expected": digest, "actual": actual_rng.get(stream),

@@ -154,7 +154,8 @@ class CheckpointCallback(TrainerCallback):
             ckpt_dir, step=step, identity=self.ctx.plan.identity, frontier={f"rank-{self.ctx.rank}": frontier},
             state=digests,
             totals={"completion_tokens": self.ctx.tokens_used, "completions": self.ctx.completions,
-                    "loss_tokens": self.ctx.loss_tokens, **self.extra_totals()},
+                    "loss_tokens": self.ctx.loss_tokens, "stopped_by_budget": self.ctx.stopped_by_budget,
+                    **self.extra_totals()},
             permanent=final,
         )
         self.published.append(step)

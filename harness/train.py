@@ -212,7 +212,13 @@ def run_training(plan, run: RunDir) -> int:
         trainer.add_callback(audit)
         if c["model"]["tuning"] == "full" and not _stock_resume():
             load_full_weights_strictly(policy.model, resume_from)
-    train_out = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+    final_manifest = read_json(resume_from / ckpt.CHECKPOINT_MANIFEST) if resume_from else {}
+    if final_manifest.get("permanent"):
+        # Killed after its final checkpoint: training is over. Trainer.train would take one more step
+        # (it checks max_steps at step end), so restore the final weights and state and go on to finalize.
+        train_out = finish_from_final_checkpoint(trainer, policy.model, resume_from, final_manifest, ctx, c, run)
+    else:
+        train_out = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
 
     for lg in (ctx.ledger, ctx.trace, ctx.metrics):
         if lg is not None:
@@ -291,6 +297,32 @@ def load_full_weights_strictly(model, checkpoint: Path) -> None:
     from harness.policy import _auto_model
 
     model.load_state_dict(_auto_model(str(checkpoint)).state_dict(), strict=True)
+
+
+def finish_from_final_checkpoint(trainer, model, checkpoint: Path, manifest: dict, ctx, c: dict, run: RunDir):
+    from types import SimpleNamespace
+
+    from transformers import TrainerState
+
+    from harness.audit import ResumeAuditCallback
+
+    log.info("%s is the run's final checkpoint: training is complete, finishing the run", checkpoint.name)
+    if c["model"]["tuning"] == "full":
+        load_full_weights_strictly(model, checkpoint)
+    else:
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        set_peft_model_state_dict(model, load_file(checkpoint / "adapter_model.safetensors"), adapter_name="default")
+        if (checkpoint / "ref" / "adapter_model.safetensors").is_file() and "ref" in model.peft_config:
+            set_peft_model_state_dict(model, load_file(checkpoint / "ref" / "adapter_model.safetensors"),
+                                      adapter_name="ref")
+    audit = ResumeAuditCallback(run.path, checkpoint, rank=ctx.rank)
+    audit.on_train_begin(None, None, None, model=model, optimizer=None, lr_scheduler=None)
+    audit.finish(manifest["step"], only=("params", "adapters"))
+    trainer.state = TrainerState.load_from_json(str(checkpoint / "trainer_state.json"))
+    ctx.stopped_by_budget = bool(manifest["totals"].get("stopped_by_budget"))
+    return SimpleNamespace(metrics={})
 
 
 def _stock_resume() -> bool:
