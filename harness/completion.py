@@ -104,7 +104,7 @@ def check_completion_accounting(run_dir: Path, m: dict) -> list[str]:
         out.append(f"{COMPLETION}: identity differs from the manifest's")
     if "completion_token_ceiling" in comp:
         ledgers = sorted((run_dir / "ledgers").glob("rank-*.jsonl"))
-        ids, lrows, trows = [], [], []
+        lrows, trows = [], []
         for lp in ledgers:
             lrows += list(read_rows(lp))
             tp = run_dir / "traces" / lp.name

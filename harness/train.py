@@ -161,7 +161,9 @@ def run_training(plan, run: RunDir) -> int:
     ctx.metrics = opened("metrics", METRICS_PATH)
     if is_rl:
         ctx.ledger, ctx.trace = opened("ledger", ledger_path(0)), opened("trace", trace_path(0))
-        ctx.tokens_used, ctx.completions = _ledger_totals(run.path / ledger_path(0))
+        # the checkpoint recorded the counters at its frontier: no need to re-read the ledger
+        totals = read_json(resume_from / ckpt.CHECKPOINT_MANIFEST)["totals"] if resume_from else {}
+        ctx.tokens_used, ctx.completions = totals.get("completion_tokens", 0), totals.get("completions", 0)
         ctx.token_share = plan.budget["completion_token_ceiling"] // ctx.world
         ctx.generate_every = arm["steps_per_generation"] * arm["num_iterations"]
         ctx.round_bound = plan.budget["per_step_upper_bound"] * arm["steps_per_generation"] // ctx.world
@@ -331,15 +333,6 @@ def _stock_resume() -> bool:
     import os
 
     return os.environ.get("HARNESS_STOCK_RESUME") == "1"
-
-
-def _ledger_totals(path: Path) -> tuple[int, int]:
-    from harness.accounting import read_rows
-
-    if not path.exists():
-        return 0, 0
-    rows = list(read_rows(path))
-    return sum(r["tokens"] for r in rows), len(rows)
 
 
 def _peak_rss_mb() -> float:
