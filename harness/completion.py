@@ -24,7 +24,8 @@ COMPLETION = "completion.json"
 def _eval_summary(result: dict | None) -> dict | None:
     if not result:
         return None
-    keep = ("n", "accuracy", "abstention_rate", "format_valid", "truncated", "split", "label", "policy")
+    keep = ("n", "accuracy", "abstention_rate", "format_valid", "truncated", "direction_accuracy", "split", "label",
+            "policy", "policy_sha256")
     out = {k: result[k] for k in keep if k in result}
     out["per_relation"] = {rel: {k: v for k, v in b.items()} for rel, b in result.get("per_relation", {}).items()}
     return out
@@ -165,10 +166,20 @@ def check_metrics(run_dir: Path, m: dict) -> list[str]:
 
 
 def check_evals(run_dir: Path, m: dict) -> list[str]:
-    if m.get("status") != "completed" or not (run_dir / COMPLETION).is_file():
-        return []
-    comp = read_json(run_dir / COMPLETION)
     out = []
+    ident = m.get("identity") or {}
+    for p in sorted((run_dir / "eval").glob("*.json")) if (run_dir / "eval").is_dir() else []:
+        try:
+            got = read_json(p).get("identity") or {}
+        except (OSError, ValueError) as exc:
+            out.append(f"eval/{p.name}: unreadable ({exc})")
+            continue
+        for key in ("config_sha256", "semantic_sha256"):
+            if got.get(key) != ident.get(key):
+                out.append(f"eval/{p.name}: identity.{key} is not this run's (an artifact of another run?)")
+    if m.get("status") != "completed" or not (run_dir / COMPLETION).is_file():
+        return out
+    comp = read_json(run_dir / COMPLETION)
     for key, suffix in (("eval_before", "-before"), ("eval_after", "")):
         ev = comp.get(key)
         if ev and not (run_dir / "eval" / f"{ev['split']}{suffix}.json").is_file():

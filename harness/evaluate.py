@@ -3,6 +3,8 @@
 Every view is scored with the same reward code the RL arms train on (harness.rewards.score), so
 "correct" means the same thing in training and eval. The subset (data.eval_max_items) is the
 first N views in row-key order: whole groups, the same items for every arm and seed.
+Direction accuracy (evi_po's ranking metric, computed for every arm so arms compare): does the policy
+score the view's target highest among its group's candidates, teacher-forced (direction_correct).
 Writes eval/<split>[-<label>].json (metrics + the run's identity) and a predictions JSONL next
 to it; never touches the run's manifest.
 """
@@ -68,19 +70,116 @@ def generate_greedy(model, processor, root: Path, rows: list[dict], *, is_vlm: b
         model.train(was_training)
 
 
-def summarize(scored: list[tuple[dict, object]]) -> dict:
-    """Metrics from (row, ScoreTrace) pairs."""
+def direction_correct(model, processor, root: Path, rows: list[dict], *, is_vlm: bool,
+                      batch_size: int) -> list[bool | None]:
+    """Per row: does the policy rank the view's target first among its group's candidates? (None: < 2)"""
+    return [None if s is None else max(range(len(s)), key=s.__getitem__) == t
+            for s, t in direction_scores(model, processor, root, rows, is_vlm=is_vlm, batch_size=batch_size)]
+
+
+def direction_scores(model, processor, root: Path, rows: list[dict], *, is_vlm: bool,
+                     batch_size: int) -> list[tuple[list[float] | None, int]]:
+    """Per row: (s(c | v) for each of its group's candidates, the target's index).
+
+    The candidate score is evi_po's s(c | v) (ARMS.md): the mean log-probability of the candidate's own
+    tokens after the chat prompt and the answer prefix, teacher-forced, no generation. Candidates and the
+    target's index come from the same linkage evi_po trains on (harness.trainsets.view_links), so the number
+    means the same for every arm. Scores are None for a row with fewer than two candidates.
+    """
+    import json
+
+    import torch
+    import torch.nn.functional as F
+    from PIL import Image
+
+    from arms.evi_po import candidate_tokens
+    from harness.answers import format_answer
+    from harness.trainsets import group_candidates, view_links
+
+    tok = getattr(processor, "tokenizer", processor)
+    fallback = group_candidates(rows)
+    links = [json.loads(view_links(root, r, fallback)) for r in rows]
+    splits: dict[tuple, tuple] = {}
+    for lk in links:
+        key = tuple(lk["candidates"])
+        if len(key) >= 2 and key not in splits:
+            splits[key] = candidate_tokens([tok(format_answer(c), add_special_tokens=False)["input_ids"] for c in key])
+    out: list = [(None, lk["target_index"]) for lk in links]
+    todo = [i for i, lk in enumerate(links) if len(lk["candidates"]) >= 2]
+    was_training, side = model.training, tok.padding_side
+    model.eval()
+    tok.padding_side = "left"  # prompts end where the candidates start
+    device = next(model.parameters()).device
+    per_batch = max(1, batch_size // max((len(s[1]) for s in splits.values()), default=1))
+    try:
+        for start in range(0, len(todo), per_batch):
+            idx = todo[start:start + per_batch]
+            reps = []  # (row index, candidate index) per sequence
+            for i in idx:
+                reps += [(i, c) for c in range(len(links[i]["candidates"]))]
+            texts = [processor.apply_chat_template(_messages(rows[i], is_vlm), add_generation_prompt=True,
+                                                   tokenize=False) for i, _ in reps]
+            if is_vlm:
+                opened = {i: Image.open(root / rows[i]["images"][0]["path"]).convert("RGB") for i in idx}
+                enc = processor(text=texts, images=[[opened[i]] for i, _ in reps], padding=True, return_tensors="pt")
+            else:
+                enc = tok(texts, padding=True, return_tensors="pt", add_special_tokens=False)
+            seqs, n_pre, n_scored = [], [], []
+            for i, c in reps:
+                prefix, conts, scored = splits[tuple(links[i]["candidates"])]
+                seqs.append(prefix + conts[c])
+                n_pre.append(len(prefix))
+                n_scored.append(scored[c])
+            L = max(len(s) for s in seqs)
+            ids = torch.full((len(seqs), L), tok.pad_token_id, dtype=torch.long)  # (N, L) right-padded
+            real = torch.zeros(len(seqs), L, dtype=torch.long)
+            mask = torch.zeros(len(seqs), L)  # the candidate's own tokens
+            for k, s in enumerate(seqs):
+                ids[k, :len(s)] = torch.tensor(s)
+                real[k, :len(s)] = 1
+                mask[k, n_pre[k]:n_pre[k] + n_scored[k]] = 1.0
+            enc = {k: v for k, v in enc.items() if hasattr(v, "to")}
+            enc["input_ids"] = torch.cat([enc["input_ids"], ids], dim=1)  # (N, P + L)
+            enc["attention_mask"] = torch.cat([enc["attention_mask"], real], dim=1)
+            for key in ("mm_token_type_ids", "token_type_ids"):
+                if key in enc:
+                    enc[key] = torch.cat([enc[key], enc[key].new_zeros(len(seqs), L)], dim=1)
+            enc = {k: v.to(device) for k, v in enc.items()}
+            with torch.no_grad():
+                logits = model(**enc, logits_to_keep=L + 1).logits[:, :L].float()  # predicts tokens P .. P+L-1
+            logp = F.log_softmax(logits, dim=-1).gather(-1, ids.to(device).unsqueeze(-1)).squeeze(-1).cpu()
+            scores = (logp * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)  # (N,) length-normalized
+            k = 0
+            for i in idx:
+                C = len(links[i]["candidates"])
+                out[i] = (scores[k:k + C].tolist(), links[i]["target_index"])
+                k += C
+    finally:
+        model.train(was_training)
+        tok.padding_side = side
+    return out
+
+
+def summarize(scored: list[tuple[dict, object]], direction: list[bool | None] | None = None) -> dict:
+    """Metrics from (row, ScoreTrace) pairs, and per-row direction correctness when computed."""
+    direction = direction or [None] * len(scored)
+    hit = {id(row): d for (row, _), d in zip(scored, direction)}
+
     def block(items):
         n = len(items)
         if not n:
             return {"n": 0}
-        return {
+        out = {
             "n": n,
             "accuracy": sum(t.correct for _, t in items) / n,
             "abstention_rate": sum(t.abstained for _, t in items) / n,
             "format_valid": sum(t.parser_error is None for _, t in items) / n,
             "truncated": sum(t.truncated for _, t in items) / n,
         }
+        ranked = [hit[id(row)] for row, _ in items if hit[id(row)] is not None]
+        if ranked:
+            out["direction_accuracy"] = sum(ranked) / len(ranked)
+        return out
 
     by_rel = defaultdict(list)
     for row, t in scored:
@@ -92,7 +191,7 @@ def summarize(scored: list[tuple[dict, object]]) -> dict:
 
 def run_eval(model, processor, root: Path, rows: list[dict], *, plan, run_dir: Path, split: str, label: str,
              policy: str, reward_cfg, is_vlm: bool, max_new_tokens: int, batch_size: int,
-             suppress_token_ids: list[int], eos_token_ids: list[int]) -> dict:
+             suppress_token_ids: list[int], eos_token_ids: list[int], extra: dict | None = None) -> dict:
     t0 = time.time()
     scored, preds = [], []
     import json
@@ -106,6 +205,9 @@ def run_eval(model, processor, root: Path, rows: list[dict], *, plan, run_dir: P
         preds.append({"view": row_key(row), "relation": row["relation"], "completion": text, "tokens": len(ids),
                       "prediction": tr.prediction, "gold": tr.gold, "correct": tr.correct,
                       "parser_error": tr.parser_error})
+    direction = direction_correct(model, processor, root, rows, is_vlm=is_vlm, batch_size=batch_size)
+    for p, d in zip(preds, direction):
+        p["direction_correct"] = d
     result = {
         "split": split,
         "label": label,
@@ -115,7 +217,8 @@ def run_eval(model, processor, root: Path, rows: list[dict], *, plan, run_dir: P
         "wall_s": round(time.time() - t0, 3),
         "run_name": plan.run_name,
         "identity": {k: plan.identity.get(k) for k in ("config_sha256", "semantic_sha256", "data", "model", "code")},
-        **summarize(scored),
+        **(extra or {}),
+        **summarize(scored, direction),
     }
     name = split if label == "final" else f"{split}-{label}"
     atomic_write_bytes(run_dir / "eval" / f"{name}.predictions.jsonl",

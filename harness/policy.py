@@ -36,6 +36,26 @@ class Policy:
     eos_token_ids: list[int] = field(default_factory=list)
 
 
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
+NOT_WEIGHTS = ("optimizer", "scheduler", "rng_state", "training_args")
+
+
+def weights_digest(path: str | Path) -> str | None:
+    """sha256 over the policy's weight files as recorded by its manifest (final_policy's harness_policy.json
+    or a checkpoint's harness_checkpoint.json); None when the directory has no harness manifest."""
+    from harness.checkpoint import CHECKPOINT_MANIFEST
+    from harness.identity import canonical_json, sha256_text
+
+    path = Path(path)
+    for name in (POLICY_MANIFEST, CHECKPOINT_MANIFEST):
+        if (path / name).is_file():
+            files = read_json(path / name).get("files") or {}
+            weights = {k: v["sha256"] for k, v in files.items()
+                       if k.endswith(WEIGHT_SUFFIXES) and not Path(k).name.startswith(NOT_WEIGHTS)}
+            return sha256_text(canonical_json(weights)) if weights else None
+    return None
+
+
 def device_of(plan) -> str:
     import torch
 

@@ -175,7 +175,7 @@ def run_training(plan, run: RunDir) -> int:
                    eos_token_ids=policy.eos_token_ids)
     if is_rl and c["train"]["eval_before"] and not resume_from:
         evals["before"] = run_eval(policy.model, policy.processor, root, test_rows, label="before",
-                                   policy=policy.init["path"], **eval_kw)
+                                   policy=policy.init["path"], extra=_eval_extra(c, policy.init["path"]), **eval_kw)
         log.info("eval before: accuracy %.3f on %d %s views", evals["before"]["accuracy"], evals["before"]["n"],
                  c["data"]["eval_split"])
 
@@ -228,7 +228,7 @@ def run_training(plan, run: RunDir) -> int:
     save_final_policy(trainer, run.path, base_path=policy.base_path, plan=plan)
     if c["train"]["eval_after"]:
         evals["after"] = run_eval(policy.model, policy.processor, root, test_rows, label="final",
-                                  policy="final_policy", **eval_kw)
+                                  policy="final_policy", extra=_eval_extra(c, run.path / "final_policy"), **eval_kw)
         log.info("eval after: accuracy %.3f on %d %s views", evals["after"]["accuracy"], evals["after"]["n"],
                  c["data"]["eval_split"])
     if "before" not in evals and (run.path / "eval" / f"{c['data']['eval_split']}-before.json").is_file():
@@ -237,6 +237,13 @@ def run_training(plan, run: RunDir) -> int:
                                   wall_s=time.time() - t0, peak_rss_mb=_peak_rss_mb())
     run.set_status("completed")
     return completion
+
+
+def _eval_extra(c: dict, policy_path) -> dict:
+    """What makes an eval artifact comparable with a later `python -m harness.eval` of the same weights."""
+    from harness.policy import weights_digest
+
+    return {"policy_sha256": weights_digest(policy_path), "max_items": c["data"]["eval_max_items"]}
 
 
 class _Reward:

@@ -7,6 +7,8 @@ the tests of this module; each checks one invariant of the run directory.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -173,3 +175,115 @@ def test_text_only_model_trains(tmp_path):
     comp = json.loads((run / "completion.json").read_text())
     assert comp["realized_loss_tokens"] == comp["planned_loss_tokens"] <= 400
     assert verify(run) == []
+
+
+# --- python -m harness.eval on the same run
+
+
+def _provenance_bytes(run: Path) -> dict:
+    keep = ("run_manifest.json", "completion.json", "ledgers", "traces", "checkpoints", "final_policy", "metrics.jsonl")
+    return {p: p.read_bytes() for p in run.rglob("*")
+            if p.is_file() and p.relative_to(run).parts[0] in keep}
+
+
+def test_eval_cli_reuses_the_training_eval_and_refuses_other_settings(grpo_run):
+    _, run, _ = grpo_run
+    test_json = run / "eval" / "test.json"
+    mtime = test_json.stat().st_mtime_ns
+    same = run_harness(str(run), module="harness.eval", timeout=120)
+    assert same.returncode == 0, same.stderr
+    assert "already evaluated" in same.stdout and test_json.stat().st_mtime_ns == mtime
+    other = run_harness(str(run), "max_items=16", module="harness.eval", timeout=120)
+    assert other.returncode == 2 and "--force" in other.stderr and "max_items" in other.stderr
+    assert test_json.stat().st_mtime_ns == mtime
+
+
+def test_eval_cli_refuses_bad_input_before_importing_torch(grpo_run):
+    from tests.conftest import heavy_imports
+
+    _, run, _ = grpo_run
+    for args, field in ((["split=nope"], "split"), (["policy=checkpoint-999"], "policy"), (["policy=best"], "policy"),
+                        (["max_items=0"], "max_items"), (["splt=val"], "splt")):
+        proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "harness.eval", str(run), *args],
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 2, (args, proc.stderr[-2000:])
+        assert f"- {field} = " in proc.stderr and "fix:" in proc.stderr and "Traceback" not in proc.stderr
+        assert heavy_imports(proc.stderr) == [], args
+    proc = run_harness(str(run.parent), module="harness.eval", timeout=60)
+    assert proc.returncode == 2 and "not a run directory" in proc.stderr
+
+
+def test_eval_cli_on_a_checkpoint_writes_a_derived_artifact_only(grpo_run):
+    from harness.policy import weights_digest
+
+    _, run, _ = grpo_run
+    ckpt = complete_checkpoints(run)[0]
+    before = _provenance_bytes(run)
+    proc = run_harness(str(run), f"policy={ckpt.name}", "split=val", "max_items=all", module="harness.eval",
+                       timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    art = run / "eval" / f"val-{ckpt.name}.json"
+    ev = json.loads(art.read_text())
+    manifest = json.loads((run / "run_manifest.json").read_text())
+    assert ev["identity"]["semantic_sha256"] == manifest["identity"]["semantic_sha256"]
+    assert ev["identity"]["data"]["content_sha256"] == manifest["identity"]["data"]["content_sha256"]
+    assert ev["policy_sha256"] == weights_digest(ckpt) and ev["label"] == ckpt.name and ev["max_items"] is None
+    val_rows = (Path(manifest["identity"]["data"]["root"]) / "records" / "val.jsonl").read_text().splitlines()
+    assert ev["n"] == len(val_rows) == sum(b["n"] for b in ev["per_relation"].values())
+    preds = (run / "eval" / f"val-{ckpt.name}.predictions.jsonl").read_text().splitlines()
+    assert len(preds) == ev["n"]
+    assert 0.0 <= ev["direction_accuracy"] <= 1.0 and "direction_accuracy" in ev["per_relation"]["FULL"]
+    assert _provenance_bytes(run) == before  # the run's provenance is never rewritten
+    assert verify(run) == []
+
+
+def test_eval_cli_with_force_reproduces_the_training_eval(grpo_run):
+    """Greedy eval is deterministic: re-evaluating the final policy gives the numbers training recorded."""
+    _, run, _ = grpo_run
+    recorded = json.loads((run / "eval" / "test.json").read_text())
+    proc = run_harness(str(run), "--force", module="harness.eval", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    again = json.loads((run / "eval" / "test.json").read_text())
+    keys = ("n", "accuracy", "abstention_rate", "format_valid", "direction_accuracy", "per_relation", "policy_sha256")
+    assert {k: again[k] for k in keys} == {k: recorded[k] for k in keys}
+    assert again["evaluated_by"]["command"] == "harness.eval"
+
+
+def test_direction_scores_match_an_unbatched_computation(grpo_run):
+    """The batched, left-padded candidate scoring equals scoring each (view, candidate) alone, unpadded."""
+    import torch
+    from PIL import Image
+
+    from arms.evi_po import candidate_tokens
+    from harness.answers import format_answer
+    from harness.data import load_split
+    from harness.evaluate import _messages, direction_scores, eval_rows
+    from harness.policy import load_policy
+    from harness.trainsets import group_candidates, view_links
+
+    _, run, _ = grpo_run
+    manifest = json.loads((run / "run_manifest.json").read_text())
+    root = Path(manifest["identity"]["data"]["root"])
+    rows = eval_rows(load_split(root, "test"), 8)
+    model, proc = load_policy(run / "final_policy", trainable=False)
+    batched = direction_scores(model, proc, root, rows, is_vlm=True, batch_size=64)
+    tok = proc.tokenizer
+    links = group_candidates(rows)
+    for row, (scores, target) in zip(rows, batched):
+        cands = json.loads(view_links(root, row, links))["candidates"]
+        assert scores is not None and len(scores) == len(cands) >= 2
+        prefix, conts, n_scored = candidate_tokens([tok(format_answer(c), add_special_tokens=False)["input_ids"]
+                                                    for c in cands])
+        text = proc.apply_chat_template(_messages(row, True), add_generation_prompt=True, tokenize=False)
+        enc = proc(text=[text], images=[[Image.open(root / row["images"][0]["path"]).convert("RGB")]],
+                   return_tensors="pt")
+        for c, (cont, n) in enumerate(zip(conts, n_scored)):
+            ids = torch.cat([enc["input_ids"], torch.tensor([prefix + cont])], dim=1)
+            tt = torch.cat([enc["mm_token_type_ids"], torch.zeros(1, len(prefix + cont), dtype=torch.long)], dim=1)
+            with torch.no_grad():
+                logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), pixel_values=enc["pixel_values"],
+                               image_grid_thw=enc["image_grid_thw"], mm_token_type_ids=tt).logits[0].float()
+            P = enc["input_ids"].shape[1] + len(prefix)
+            logp = torch.log_softmax(logits[P - 1:P - 1 + n], -1).gather(-1, torch.tensor(cont[:n])[:, None])
+            assert abs(float(logp.mean()) - scores[c]) < 1e-4, (row["group_id"], c)
+        assert target == json.loads(view_links(root, row, links))["target_index"]

@@ -1,0 +1,229 @@
+"""`python -m harness.eval RUN_DIR [split=test] [policy=final|checkpoint-N] [max_items=N|all] [--force]`
+
+Greedy evaluation of a finished run's final policy, or of any published checkpoint, on a split of the
+run's own dataset. Writes a derived artifact, eval/<split>.json (final policy) or
+eval/<split>-checkpoint-<N>.json, carrying the run's identity and the evaluated weights' digest, plus
+its predictions JSONL; the run's provenance (manifest, completion.json, ledgers, traces, checkpoints)
+is never touched. Every argument is checked before anything heavy is imported; the dataset on disk
+must still be the one the run trained on (content digest). An existing artifact for the same policy
+weights and settings is reported, not recomputed; one with other settings is replaced only with --force.
+
+Keys:
+    split          a split of the run's dataset (default: the run's data.eval_split)
+    policy         final (default) | checkpoint-<N> | <N>
+    max_items      views to evaluate, the first N in row-key order (whole groups), or `all`
+                   (default: the run's data.eval_max_items)
+    batch_size     prompts per generation batch (default: the run's train.eval_batch_size)
+    max_new_tokens greedy tokens per answer (default: the run's train.eval_max_new_tokens)
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+from harness.errors import ConfigError, HarnessError, Problem
+from harness.rundir import read_json
+
+log = logging.getLogger("harness")
+KEYS = ("split", "policy", "max_items", "batch_size", "max_new_tokens")
+SETTINGS = ("policy_sha256", "n", "decoding")  # what makes two artifacts of one name the same evaluation
+
+
+def _fail(field: str, value, why: str, fix: str) -> ConfigError:
+    return ConfigError([Problem(field, value, why, fix)])
+
+
+def parse_args(argv: list[str]) -> tuple[Path, dict, bool]:
+    ap = argparse.ArgumentParser(prog="python -m harness.eval", description=__doc__.split("\n\n")[1],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="\n\n".join(__doc__.split("\n\n")[2:]))
+    ap.add_argument("run_dir", type=Path)
+    ap.add_argument("overrides", nargs="*", metavar="key=value")
+    ap.add_argument("--force", action="store_true", help="replace an existing artifact made with other settings")
+    ns = ap.parse_args(argv)
+    opts: dict = {}
+    for item in ns.overrides:
+        key, sep, value = item.partition("=")
+        if not sep or key not in KEYS:
+            raise _fail(key if sep else item, value if sep else None, f"is not an eval key (keys: {', '.join(KEYS)})",
+                        "write key=value, e.g. split=val policy=checkpoint-4 max_items=all")
+        opts[key] = value
+    return ns.run_dir, opts, ns.force
+
+
+def _int(opts: dict, key: str, default):
+    if key not in opts:
+        return default
+    v = opts[key]
+    if key == "max_items" and v in ("all", "null", "none"):
+        return None
+    try:
+        n = int(v)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise _fail(key, v, "must be a positive integer" + (" or `all`" if key == "max_items" else ""),
+                    f"e.g. {key}=64")
+    return n
+
+
+def resolve(run_dir: Path, opts: dict) -> SimpleNamespace:
+    """Check the run dir and the arguments; torch-free, nothing written."""
+    from harness.checkpoint import CHECKPOINT_MANIFEST, checkpoint_problems
+    from harness.policy import POLICY_MANIFEST, weights_digest
+
+    run_dir = run_dir.resolve()
+    if not (run_dir / "run_manifest.json").is_file():
+        raise _fail("RUN_DIR", str(run_dir), "is not a run directory (no run_manifest.json)",
+                    "pass a directory under <output_root>/runs/")
+    manifest = read_json(run_dir / "run_manifest.json")
+    c = manifest["plan"]["config"]
+    from harness.data.records import RECORDS_DIR
+
+    records = Path((manifest["identity"].get("data") or {}).get("root") or "/nonexistent") / RECORDS_DIR
+    splits = (sorted(p.stem for p in records.glob("*.jsonl")) if records.is_dir()
+              else sorted({c["data"]["train_split"], c["data"]["eval_split"], "val"}))
+    split = opts.get("split", c["data"]["eval_split"])
+    if split not in splits:
+        raise _fail("split", split, f"is not a split of this run's dataset ({', '.join(splits)})", "e.g. split=test")
+    policy = opts.get("policy", "final")
+    if policy == "final":
+        comp = run_dir / "completion.json"
+        if manifest.get("status") != "completed" or not comp.is_file():
+            raise _fail("policy", policy, f"the run has not completed (status {manifest.get('status')!r})",
+                        "finish the run first, or evaluate a published checkpoint: policy=checkpoint-<N>")
+        path, label, name = run_dir / "final_policy", "final", split
+        if not (path / POLICY_MANIFEST).is_file():
+            raise _fail("policy", policy, f"{path} has no {POLICY_MANIFEST}", "run harness.verify on the run dir")
+    else:
+        step = policy.removeprefix("checkpoint-")
+        if not step.isdigit():
+            raise _fail("policy", policy, "must be final, checkpoint-<N> or <N>", "e.g. policy=checkpoint-4")
+        path = run_dir / "checkpoints" / f"checkpoint-{int(step)}"
+        have = sorted(p.name for p in (run_dir / "checkpoints").glob("checkpoint-*")
+                      if (p / CHECKPOINT_MANIFEST).is_file()) if (run_dir / "checkpoints").is_dir() else []
+        if not path.is_dir():
+            raise _fail("policy", policy, f"no such checkpoint (published: {', '.join(have) or 'none'})",
+                        "pick one of the published checkpoints, or policy=final")
+        problems = checkpoint_problems(path)
+        if problems:
+            raise _fail("policy", policy, "the checkpoint is not intact: " + "; ".join(problems),
+                        "pick another published checkpoint (harness.verify lists them)")
+        label = name = f"checkpoint-{int(step)}"
+        name = f"{split}-{label}"
+    train = c["train"]
+    return SimpleNamespace(
+        run_dir=run_dir, manifest=manifest, config=c, split=split, policy_path=path, label=label,
+        out=run_dir / "eval" / f"{name}.json", policy_sha256=weights_digest(path),
+        max_items=_int(opts, "max_items", c["data"]["eval_max_items"]),
+        batch_size=_int(opts, "batch_size", train["eval_batch_size"]),
+        max_new_tokens=_int(opts, "max_new_tokens", train["eval_max_new_tokens"]))
+
+
+def existing(job: SimpleNamespace, force: bool) -> dict | None:
+    """The artifact already there for the same evaluation, or None to (re)compute. Refuses to replace one
+    made with other settings unless forced."""
+    if not job.out.is_file():
+        return None
+    old = read_json(job.out)
+    if force:
+        return None
+    same_policy = old.get("policy_sha256") == job.policy_sha256 and job.policy_sha256 is not None
+    want_n = job.max_items
+    same_n = want_n is None and old.get("max_items") is None or old.get("max_items") == want_n
+    same_dec = (old.get("decoding") or {}).get("max_new_tokens") == job.max_new_tokens
+    if same_policy and same_n and same_dec:
+        return old
+    diffs = [k for k, ok in (("policy_sha256", same_policy), ("max_items", same_n), ("max_new_tokens", same_dec))
+             if not ok]
+    raise _fail("--force", False, f"{job.out} exists with other settings ({', '.join(diffs)} differ)",
+                "add --force to replace it (it is a derived artifact; the run itself is not touched)")
+
+
+def evaluate(job: SimpleNamespace) -> dict:
+    from harness.train import quiet_libraries
+
+    quiet_libraries()
+    from harness.data import data_identity, ensure_synthetic, load_split, validate_dataset
+    from harness.evaluate import eval_rows, run_eval
+    from harness.models import special_token_ids_to_suppress
+    from harness.policy import device_of, load_policy
+
+    c, ident = job.config, job.manifest["identity"]
+    d = c["data"]
+    root = Path(ident["data"].get("root") or "")
+    if ident["data"].get("kind") == "synthetic" and not (root / "manifest.json").is_file():
+        root = ensure_synthetic(n_base=d["n_base"], data_seed=d["data_seed"],
+                                image_size=d["image_size"] or 4 * c["model"]["patch_size"],
+                                val_fraction=d["val_fraction"], test_fraction=d["test_fraction"],
+                                cache_dir=d["cache_dir"], workers=d["num_workers"])
+    validate_dataset(root, cache_dir=Path(c["output_root"]) / "cache" / "validate", workers=d["num_workers"])
+    content = data_identity(root)["sha256"]
+    if ident["data"].get("content_sha256") and content != ident["data"]["content_sha256"]:
+        from harness.errors import FieldDiff, ResumeMismatchError
+
+        raise ResumeMismatchError(str(job.run_dir), [FieldDiff("identity.data.content_sha256",
+                                                               ident["data"]["content_sha256"], content)],
+                                  "the dataset on disk is not the one this run trained on; restore it")
+    rows = eval_rows(load_split(root, job.split), job.max_items)
+    model, processor = load_policy(job.policy_path, base_path=ident["model"].get("base_path"), trainable=False)
+    plan = SimpleNamespace(run_name=job.manifest["run_name"], identity=ident, config=c)
+    model.to(device_of(plan))
+    tok = getattr(processor, "tokenizer", processor)
+    eos = [tok.convert_tokens_to_ids("<|im_end|>")] if "<|im_end|>" in tok.get_vocab() else [tok.eos_token_id]
+    from harness.identity import code_identity
+
+    return run_eval(model, processor, root, rows, plan=plan, run_dir=job.run_dir, split=job.split, label=job.label,
+                    policy=str(job.policy_path.relative_to(job.run_dir)), reward_cfg=_reward(c),
+                    is_vlm=c["model"]["is_vlm"], max_new_tokens=job.max_new_tokens, batch_size=job.batch_size,
+                    suppress_token_ids=special_token_ids_to_suppress(processor), eos_token_ids=eos,
+                    extra={"policy_sha256": job.policy_sha256, "max_items": job.max_items,
+                           "evaluated_by": {"command": "harness.eval", "code": code_identity()}})
+
+
+def _reward(c: dict):
+    from harness.train import _Reward
+
+    return _Reward(c["reward"])
+
+
+def print_result(res: dict, out: Path, cached: bool) -> None:
+    head = "already evaluated (same weights and settings)" if cached else f"evaluated in {res.get('wall_s', 0):.1f} s"
+    print(f"{out}: {head}")
+    print(f"  policy {res.get('policy')}  split {res.get('split')}  n={res.get('n')}  greedy")
+    rows = [("overall", res)] + list((res.get("per_relation") or {}).items())
+    print(f"  {'':<11} {'accuracy':>8} {'abstain':>8} {'format':>7} {'direction':>9}")
+    for name, b in rows:
+        dacc = b.get("direction_accuracy")
+        print(f"  {name:<11} {b['accuracy']:>8.3f} {b['abstention_rate']:>8.3f} {b['format_valid']:>7.3f} "
+              f"{'-' if dacc is None else f'{dacc:.3f}':>9}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    from harness.cli import setup_logging
+
+    setup_logging()
+    try:
+        run_dir, opts, force = parse_args(sys.argv[1:] if argv is None else argv)
+        job = resolve(run_dir, opts)
+        old = existing(job, force)
+        if old is not None:
+            print_result(old, job.out, cached=True)
+            return 0
+        t0 = time.time()
+        res = evaluate(job)
+        res.setdefault("wall_s", time.time() - t0)
+        print_result(res, job.out, cached=False)
+        return 0
+    except HarnessError as exc:
+        print(str(exc), file=sys.stderr)
+        return exc.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
