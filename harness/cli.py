@@ -6,12 +6,14 @@ transformers or trl (checked by tests with `python -X importtime`).
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from harness import schema
@@ -34,12 +36,18 @@ def setup_logging() -> None:
     log.propagate = False
 
 
-def run(cfg: DictConfig, choices: dict | None = None, overrides: list[str] | None = None) -> int:
+def run(cfg: DictConfig, choices: dict | None = None, overrides: list[str] | None = None,
+        multirun: bool = False) -> int:
     """One job: plan, then print it or execute it. Returns the process exit code."""
     from harness.plan import build_plan, plan_json
 
     setup_logging()
     try:
+        if (choices or {}).get("sweep") and not multirun:
+            from harness.errors import ConfigError, Problem
+
+            raise ConfigError([Problem("sweep", choices["sweep"], "a named sweep defines several jobs; without -m "
+                                       "only one would run", f"python -m harness -m sweep={choices['sweep']} ...")])
         plan = build_plan(cfg, choices, overrides)
         if plan.config["mode"] == "plan":
             print(plan_json(plan))
@@ -60,7 +68,32 @@ def run(cfg: DictConfig, choices: dict | None = None, overrides: list[str] | Non
         return exc.exit_code
 
 
-_FAILED_JOBS: list[int] = []
+_FAILED_JOBS: list[int] = []  # filled by SweepCallback in the launching process
+
+
+class SweepCallback(Callback):
+    """Hydra callback (conf/config.yaml hydra.callbacks): at the end of a multirun, in the launching process
+    whatever the launcher (basic, joblib, submitit), read <sweep dir>/jobs/*.json, write <sweep dir>/sweep.json
+    (every job: overrides, status, run dir) and remember the failures for the exit code."""
+
+    def on_multirun_end(self, config, **kwargs) -> None:
+        from harness.rundir import atomic_write_json, now
+
+        sweep_dir = Path(config.hydra.sweep.dir)
+        jobs = []
+        for p in sorted((sweep_dir / "jobs").glob("*.json"), key=lambda q: int(q.stem) if q.stem.isdigit() else -1):
+            try:
+                jobs.append(json.loads(p.read_text()))
+            except (OSError, ValueError) as exc:
+                jobs.append({"job": p.stem, "status": "unreadable", "error": str(exc)})
+        failed = [j.get("job") for j in jobs if j.get("status") != "completed"]
+        _FAILED_JOBS.extend(failed)
+        atomic_write_json(sweep_dir / "sweep.json", {
+            "finished_at": now(), "launcher": str(config.hydra.launcher.get("_target_", "")),
+            "jobs": len(jobs), "completed": len(jobs) - len(failed), "failed": failed,
+            "runs": [{k: j.get(k) for k in ("job", "status", "overrides", "run_dir", "exit_code")} for j in jobs]})
+        log.info("sweep: %d job(s), %d completed, %d failed; %s", len(jobs), len(jobs) - len(failed), len(failed),
+                 sweep_dir)
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
@@ -77,7 +110,7 @@ def _entry(cfg: DictConfig) -> None:
     # A sweep job: a failure is recorded and the sweep goes on with the next job.
     record = {"job": hc.job.num, "overrides": overrides, "status": "failed", "exit_code": None, "error": None}
     try:
-        code = run(cfg, dict(hc.runtime.choices), overrides)
+        code = run(cfg, dict(hc.runtime.choices), overrides, multirun=True)
         record.update(status="completed" if code == 0 else "failed", exit_code=code)
     except Exception as exc:  # noqa: BLE001  (one failing job must not end the sweep)
         import traceback
@@ -87,8 +120,6 @@ def _entry(cfg: DictConfig) -> None:
         log.error("sweep job %s failed: %s: %s", hc.job.num, type(exc).__name__, exc)
     finally:
         _record_sweep_job(hc, record)
-    if record["status"] != "completed":
-        _FAILED_JOBS.append(hc.job.num)
 
 
 def _record_sweep_job(hc, record: dict) -> None:

@@ -16,8 +16,11 @@ Usage:
   python -m harness mode=plan [overrides]                   print the plan as JSON; writes nothing
   python -m harness run_mode=smoke [overrides]              self-test: checkpoint, die, resume, verify
   python -m harness -m arm=grpo,papo seed=0,1,2             multirun sweep
+  python -m harness -m sweep=arms_x_seeds                   a named sweep (sweeps/<name>.yaml)
   python -m harness --cfg job [overrides]                   print the composed config
   python -m harness.verify RUN_DIR                          check a run directory's invariants
+  python -m harness.eval RUN_DIR [split=val]                greedy eval of a finished run or checkpoint
+  python -m harness.report DIR                              compare the runs under DIR
 
 Examples:
   python -m harness debug=tiny output_root=/tmp/x
@@ -65,6 +68,8 @@ def groups_help() -> str:
     for group in sorted(p for p in conf.iterdir() if p.is_dir()):
         options = ", ".join(sorted(y.stem for y in group.glob("*.yaml")))
         rows.append(f"  {group.name}: {options}")
+    sweeps = conf.parent / "sweeps"
+    rows.append(f"  sweep (with -m): {', '.join(sorted(y.stem for y in sweeps.glob('*.yaml')))}")
     return "\n".join(rows)
 
 

@@ -46,12 +46,17 @@ def fsync_dir(path: str | os.PathLike) -> None:
         os.close(fd)
 
 
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     """Temp file in the same dir, fsync, rename over `path`, fsync the dir: readers see old or new, never half."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp makes 0600; the file is a plain shared artifact
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import typing
+from pathlib import Path
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Optional
@@ -377,6 +378,18 @@ def register(with_help: bool = True) -> None:
         for name, node in schemas.items():
             cs.store(group=f"schema/{group}", name=name, node=node)
     cs.store(group="hydra/help", name="harness", node=help_node() if with_help else {"template": ""})
+    register_sweeps(cs)
+
+
+SWEEPS_DIR = Path(__file__).resolve().parents[1] / "sweeps"
+
+
+def register_sweeps(cs) -> None:
+    """sweeps/<name>.yaml (named multiruns, package _global_) as the config group `sweep`: `-m sweep=<name>`."""
+    from omegaconf import OmegaConf
+
+    for path in sorted(SWEEPS_DIR.glob("*.yaml")):
+        cs.store(group="sweep", name=path.stem, node=OmegaConf.load(path), package="_global_")
 
 
 def iter_fields(cls: type, prefix: str = ""):

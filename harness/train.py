@@ -91,13 +91,7 @@ def build_policy(plan, run: RunDir, corpus: list[str]) -> Policy:
     if ARMS[arm["name"]].rl and arm["init"] == "sft":
         parent = sft_parent(plan)
         parent_dir = Path(parent.run_dir)
-        if _status(parent_dir) != "completed":
-            log.info("init=sft: running the SFT warm start first (%s)", parent.run_name)
-            from harness.lifecycle import execute
-
-            code = execute(parent)
-            if code:
-                raise RuntimeError(f"the SFT warm start {parent.run_dir} failed (exit {code})")
+        ensure_parent(parent)
         init = {"kind": "sft", "path": str(parent_dir / "final_policy"), "parent_run": parent.run_name,
                 "parent_run_dir": str(parent_dir)}
         run.manifest["parent"] = {"run_name": parent.run_name, "run_dir": str(parent_dir),
@@ -110,6 +104,29 @@ def build_policy(plan, run: RunDir, corpus: list[str]) -> Policy:
     tok = getattr(processor, "tokenizer", processor)
     eos = [tok.convert_tokens_to_ids("<|im_end|>")] if "<|im_end|>" in tok.get_vocab() else [tok.eos_token_id]
     return Policy(model, processor, base_path, base_ident, init, special_token_ids_to_suppress(processor), eos)
+
+
+def ensure_parent(parent, poll_s: float = 2.0) -> None:
+    """Run the SFT warm start unless it is complete. Jobs of a parallel sweep (joblib) that share it wait
+    for the one that holds its lock instead of failing; a killed holder releases the lock by itself."""
+    from harness.errors import RunDirLocked
+    from harness.lifecycle import execute
+
+    waiting = False
+    while _status(Path(parent.run_dir)) != "completed":
+        try:
+            if not waiting:
+                log.info("init=sft: running the SFT warm start first (%s)", parent.run_name)
+            code = execute(parent)
+        except RunDirLocked:
+            if not waiting:
+                log.info("init=sft: the SFT warm start %s is running in another process; waiting for it",
+                         parent.run_name)
+                waiting = True
+            time.sleep(poll_s)
+            continue
+        if code:
+            raise RuntimeError(f"the SFT warm start {parent.run_dir} failed (exit {code})")
 
 
 def _status(run_dir: Path) -> str | None:

@@ -8,6 +8,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from tests.conftest import heavy_imports, run_harness
 
 
@@ -109,3 +111,18 @@ def test_sweep_records_every_job_and_a_failing_job_does_not_end_it(tmp_path):
     assert failed["status"] == "failed" and failed["exit_code"] == 2 and failed["run_dir"] is None
     assert ok["status"] == "completed" and ok["run_dir"].startswith(str(tmp_path / "runs"))
     assert not (tmp_path / "runs").exists()  # mode=plan jobs write no run dir
+
+
+@pytest.mark.parametrize("name, jobs", [("arms_x_seeds", 12), ("papo_ablation", 36), ("evi_po_ablation", 27)])
+def test_named_sweeps_compose_and_plan_every_job(tmp_path, name, jobs):
+    proc = run_harness("-m", f"sweep={name}", "mode=plan", "debug=tiny", f"output_root={tmp_path}", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((next((tmp_path / "sweeps").iterdir()) / "sweep.json").read_text())
+    assert summary["jobs"] == summary["completed"] == jobs
+    run_dirs = {r["run_dir"] for r in summary["runs"]}
+    assert len(run_dirs) == jobs  # every job is a distinct run
+
+
+def test_a_named_sweep_without_multirun_is_refused():
+    proc = run_harness("sweep=arms_x_seeds", "mode=plan")
+    assert proc.returncode == 2 and "sweep = 'arms_x_seeds'" in proc.stderr and "-m sweep=arms_x_seeds" in proc.stderr

@@ -1,0 +1,172 @@
+"""`python -m harness.report DIR [--baseline grpo] [--out DIR/report]`: collect, compare, plot, write.
+
+Writes (atomically) the PNG plots, report.json (every number of the markdown, machine-readable)
+and report.md last. Exit 0 on success; 2 when DIR holds no run dir and no sweep job record.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import re
+import sys
+from pathlib import Path
+
+from harness.errors import HarnessError
+from harness.report.compare import Group, build_groups, describe_key, jsonable_fields, paired, resolve_baseline
+from harness.report.runs import Run, budget_kind, discover, read_run
+
+SOURCE_TEXT = {"sweep": "a sweep folder: the runs its jobs/<n>.json point at",
+               "output_root": "an output_root: every run under runs/, every job under sweeps/",
+               "run": "a single run dir",
+               "folder": "a folder of run dirs, searched recursively"}
+
+
+class ReportInputError(HarnessError):
+    """DIR has nothing to report on."""
+
+    exit_code = 2
+
+
+def _no_runs(d: Path, why: str) -> ReportInputError:
+    return ReportInputError(
+        f"harness.report: DIR = '{d}': {why}; expected an output_root (with runs/ and sweeps/), a sweep folder "
+        f"(<output_root>/sweeps/<time>/ with jobs/<n>.json) or a folder containing run dirs (run_manifest.json). "
+        f"fix: pass the output_root of your runs (default `outputs`) or one of its sweeps/<time> folders.")
+
+
+def _code_identity(runs: list[Run]) -> dict:
+    variants: dict[tuple, int] = {}
+    for r in runs:
+        code = r.identity.get("code") or {}
+        key = (code.get("commit"), bool(code.get("dirty")), code.get("diff_sha256"))
+        variants[key] = variants.get(key, 0) + 1
+    return {"uniform": len(variants) == 1,
+            "variants": [{"commit": k[0], "dirty": k[1], "diff_sha256": k[2], "runs": n} for k, n in variants.items()]}
+
+
+def _remove_stale_plots(out: Path, keep: set[str]) -> None:
+    """Plots of an earlier report in the same folder (e.g. -g2 after the groups changed) would mislead."""
+    for p in out.glob("*.png"):
+        if re.fullmatch(r"(reward_vs_tokens|eval_accuracy_by_relation|budget_use)(-g\d+)?\.png", p.name) \
+                and p.name not in keep:
+            p.unlink()
+
+
+def _group_json(g: Group, plots: dict) -> dict:
+    return {
+        "index": g.index, "data": describe_key(g.data), "model": describe_key(g.model),
+        "data_key": g.data, "model_key": g.model,
+        "conditions": [{
+            "label": c.label, "arm": c.arm, "fields": jsonable_fields(c.fields), "warm_start": c.warm_start,
+            "seeds": c.seeds, "budget_kind": budget_kind(c.runs[0]),
+            "runs": [{"seed": r.seed, "run": r.name, "path": str(r.path)} for r in c.runs],
+            "duplicates": [{"seed": r.seed, "run": r.name, "path": str(r.path)} for r in c.duplicates],
+            "metrics": {k: v for k, v in c.summary.items() if k != "stopped_by"},
+            "stopped_by": c.summary["stopped_by"],
+        } for c in g.conditions],
+        "baseline": g.baseline.label if g.baseline else None, "baseline_note": g.baseline_note,
+        "paired": g.paired, "plots": plots,
+    }
+
+
+def build_report(directory: Path, baseline: str = "grpo", out: Path | None = None) -> tuple[dict, Path]:
+    """Read DIR, write the report into `out` (default DIR/report); returns (report.json content, report.md path)."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise _no_runs(directory, "is not a directory")
+    source = discover(directory)
+    if not source.run_paths and not source.jobs:
+        raise _no_runs(directory, "found no run dirs and no sweep job records")
+    out = Path(out) if out is not None else directory / "report"
+    runs = [read_run(p) for p in source.run_paths]
+    complete = [r for r in runs if r.complete]
+    groups = build_groups(complete)
+    multi = len(groups) > 1
+    split_set = sorted({r.eval_split for r in complete if r.eval_after})
+    split = split_set[0] if len(split_set) == 1 else (", ".join(split_set) or None)
+
+    from harness.report import plots as P  # matplotlib only when there is something to draw
+    from harness.report.plots import write_shared
+
+    groups_json = []
+    for g in groups:
+        resolve_baseline(g, baseline)
+        g.paired = paired(g)
+        sfx = f"-g{g.index}" if multi else ""
+        drawn = {
+            "reward_vs_tokens": P.reward_vs_tokens(g, out / f"reward_vs_tokens{sfx}.png"),
+            "eval_accuracy_by_relation": P.eval_accuracy_by_relation(g, out / f"eval_accuracy_by_relation{sfx}.png",
+                                                                     split or "eval"),
+            "budget_use": P.budget_use(g, out / f"budget_use{sfx}.png"),
+        }
+        groups_json.append(_group_json(g, drawn))
+
+    _remove_stale_plots(out, {p["file"] for g in groups_json for p in g["plots"].values() if p.get("file")})
+    identity_note = None
+    if multi:
+        datas = sorted({g["data"] for g in groups_json})
+        models = sorted({g["model"] for g in groups_json})
+        what = "/".join(w for w, vals in (("data", datas), ("model", models)) if len(vals) > 1)
+        detail = "; ".join(f"group {g['index']}: data {g['data']}, model {g['model']}" for g in groups_json)
+        identity_note = (f"{len(groups)} groups: runs differ in {what} identity ({detail}). "
+                         "Runs of different groups are never averaged or compared.")
+    notes = list(source.notes)
+    for r in runs:
+        notes += [f"{r.name}: {n}" for n in r.notes]
+    for g in groups:
+        for c in g.conditions:
+            for r in c.duplicates:
+                kept = next(x.name for x in c.runs if x.seed == r.seed)
+                notes.append(f"{c.label}: seed {r.seed} has a second run {r.name}; only {kept} is averaged")
+    rep = {
+        "dir": str(directory), "out": str(out), "source": source.kind,
+        "source_description": SOURCE_TEXT[source.kind],
+        "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "baseline_requested": baseline,
+        "counts": {"runs": len(complete), "incomplete": len(runs) - len(complete),
+                   "conditions": sum(len(g.conditions) for g in groups), "groups": len(groups),
+                   "seeds": sorted({r.seed for r in complete if r.seed is not None}), "jobs": len(source.jobs)},
+        "code": _code_identity(complete),
+        "eval_split": split,
+        "identity_note": identity_note,
+        "groups": groups_json,
+        "incomplete_runs": [{"run": r.name, "path": str(r.path), "arm": r.arm, "seed": r.seed, "status": r.status,
+                             "manifest_status": r.manifest.get("status")} for r in runs if not r.complete],
+        "failed_jobs": [{"sweep": j.sweep, "sweep_name": Path(j.sweep).name, "job": j.job, "overrides": j.overrides,
+                         "status": j.status, "exit_code": j.exit_code, "error": j.error, "run_dir": j.run_dir}
+                        for j in source.jobs if j.status != "completed"],
+        "notes": notes,
+    }
+    from harness.report.render import markdown
+
+    write_shared(out / "report.json", (json.dumps(rep, indent=2, allow_nan=False) + "\n").encode("utf-8"))
+    md = out / "report.md"
+    write_shared(md, markdown(rep).encode("utf-8"))  # last: its presence means the rest is there
+    return rep, md
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m harness.report",
+        description="Compare the runs under DIR (an output_root, a sweep folder, or any folder of run dirs): "
+                    "tables over seeds, a paired bootstrap against a baseline, and plots.")
+    p.add_argument("dir", metavar="DIR", type=Path, help="output_root, <output_root>/sweeps/<time>, or a folder of run dirs")
+    p.add_argument("--baseline", default="grpo",
+                   help="condition label or arm the paired comparison is against (default: grpo)")
+    p.add_argument("--out", type=Path, default=None, help="where to write the report (default: DIR/report)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        rep, md = build_report(args.dir, args.baseline, args.out)
+    except HarnessError as exc:
+        print(str(exc), file=sys.stderr)
+        return exc.exit_code
+    from harness.report.render import summary
+
+    print(summary(rep, str(md)))
+    return 0

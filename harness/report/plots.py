@@ -1,0 +1,226 @@
+"""The report's PNG plots: matplotlib with the Agg backend, 150 dpi, written atomically.
+
+One colour per arm everywhere (sft grey, grpo blue, papo orange, evi_po green, other arms from the
+tail of tab10); conditions of one arm get shades of it plus a line style (curves) or hatch (bars).
+Legends sit outside the axes so they never cover data.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # before pyplot: no display, same output everywhere
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from matplotlib import colors as mcolors  # noqa: E402
+from matplotlib.ticker import FuncFormatter  # noqa: E402
+
+from harness.report.compare import Condition, Group  # noqa: E402
+from harness.report.runs import RELATIONS  # noqa: E402
+from harness.rundir import atomic_write_bytes  # noqa: E402
+
+DPI = 150
+ARM_COLORS = {"sft": "tab:gray", "grpo": "tab:blue", "papo": "tab:orange", "evi_po": "tab:green"}
+TAIL = ["tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:olive", "tab:cyan"]
+LINESTYLES = ["-", "--", "-.", ":"]
+HATCHES = ["", "//", "..", "xx", "\\\\", "++"]
+GRID_POINTS = 200
+
+
+def _shade(color: str, f: float) -> tuple:
+    """f < 0 darkens toward black, f > 0 lightens toward white."""
+    rgb = np.array(mcolors.to_rgb(color))
+    out = rgb * (1 + f) if f < 0 else rgb + (1 - rgb) * f
+    return tuple(float(v) for v in np.clip(out, 0, 1))
+
+
+def styles(conditions: list[Condition]) -> dict[str, dict]:
+    others = sorted({c.arm for c in conditions if c.arm not in ARM_COLORS})
+    base = {**ARM_COLORS, **{a: TAIL[i % len(TAIL)] for i, a in enumerate(others)}}
+    out = {}
+    for arm in dict.fromkeys(c.arm for c in conditions):
+        same = [c for c in conditions if c.arm == arm]
+        shades = [0.0] if len(same) == 1 else np.linspace(-0.35, 0.45, len(same))
+        for j, c in enumerate(same):
+            out[c.label] = {"color": _shade(base[arm], float(shades[j])), "linestyle": LINESTYLES[j % len(LINESTYLES)],
+                            "hatch": HATCHES[j % len(HATCHES)]}
+    return out
+
+
+def write_shared(path: Path, data: bytes) -> None:
+    """Atomic write (with the permissions of a plain file)."""
+    atomic_write_bytes(path, data)
+
+
+def _save(fig, path: Path) -> None:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=DPI, bbox_inches="tight")
+    plt.close(fig)
+    write_shared(path, buf.getvalue())
+
+
+def _kilo(x, _pos) -> str:
+    return f"{x / 1000:g}k" if abs(x) >= 1000 else f"{x:g}"
+
+
+def moving_average(y: np.ndarray, w: int) -> np.ndarray:
+    """Trailing mean over the last w steps (fewer at the start); steps without a reward are skipped."""
+    ok = ~np.isnan(y)
+    s = np.concatenate([[0.0], np.cumsum(np.where(ok, y, 0.0))])
+    n = np.concatenate([[0], np.cumsum(ok)])
+    lo = np.maximum(np.arange(1, y.size + 1) - w, 0)
+    cnt = n[1:] - n[lo]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(cnt > 0, (s[1:] - s[lo]) / np.maximum(cnt, 1), np.nan)
+
+
+# --- a. train reward vs sampled tokens
+
+
+def reward_vs_tokens(group: Group, path: Path) -> dict:
+    rl = [c for c in group.conditions if c.rl]
+    if not rl:
+        return {"file": None, "skipped": "no RL condition (no ledgers): nothing to plot"}
+    st = styles(group.conditions)
+    fig, ax = plt.subplots(figsize=(8.5, 4.8))
+    windows: dict[str, list[int]] = {}
+    for c in rl:
+        curves = []
+        for r in c.runs:
+            if r.curve is None:
+                continue
+            x = np.cumsum(np.asarray(r.curve["tokens"], dtype=float))  # (steps,) tokens after each step
+            y = np.array([np.nan if v is None else v for v in r.curve["reward"]], dtype=float)
+            w = max(1, len(r.curve["step"]) // 20)
+            ys = moving_average(y, w)
+            keep = ~np.isnan(ys)
+            if keep.any():
+                curves.append((x[keep], ys[keep]))
+                windows.setdefault(c.label, []).append(w)
+        if not curves:
+            continue
+        s = st[c.label]
+        lo, hi = max(x[0] for x, _ in curves), min(x[-1] for x, _ in curves)
+        if lo < hi:
+            grid = np.linspace(lo, hi, GRID_POINTS)
+            ys = np.vstack([np.interp(grid, x, y) for x, y in curves])  # (seeds, grid)
+            ax.plot(grid, ys.mean(axis=0), color=s["color"], linestyle=s["linestyle"], lw=1.8,
+                    label=f"{c.label} (n={len(curves)})")
+            if len(curves) > 1:
+                ax.fill_between(grid, ys.min(axis=0), ys.max(axis=0), color=s["color"], alpha=0.18, lw=0)
+        else:  # no token range every seed covers: each seed on its own
+            for k, (x, y) in enumerate(curves):
+                ax.plot(x, y, color=s["color"], linestyle=s["linestyle"], marker="o" if x.size == 1 else None,
+                        lw=1.2, label=f"{c.label} (seed curves)" if k == 0 else None)
+    ceilings = {r.metrics.get("budget/ceiling") for c in rl for r in c.runs}
+    ceiling = ceilings.pop() if len(ceilings) == 1 else None
+    right = max((float(np.sum(r.curve["tokens"])) for c in rl for r in c.runs if r.curve), default=0.0)
+    if ceiling and ceiling <= 1.5 * right:
+        ax.axvline(ceiling, color="black", linestyle="--", lw=1, label=f"token ceiling ({ceiling:,.0f} tokens)")
+    elif ceiling:  # far beyond the data: drawing it would squeeze every curve into a corner
+        ax.plot([], [], color="black", linestyle="--", lw=1,
+                label=f"token ceiling: {ceiling:,.0f} tokens\n(off scale, {ceiling / right:.1f}x the largest run)")
+    all_w = sorted({w for ws in windows.values() for w in ws})
+    if all_w == [1]:
+        wtext = "1 step (= no smoothing; window = steps//20)"
+    elif len(all_w) == 1:
+        wtext = f"{all_w[0]} steps (= steps//20)"
+    else:
+        wtext = f"steps//20 steps ({', '.join(map(str, all_w))} by run)"
+    ax.set_title("Train reward vs sampled tokens\n"
+                 f"moving average over {wtext}; line = mean over seeds, band = min–max over seeds", fontsize=10)
+    ax.set_xlabel("cumulative sampled completion tokens (tokens, all ranks)")
+    ax.set_ylabel("mean train reward per completion (reward units)")
+    ax.xaxis.set_major_formatter(FuncFormatter(_kilo))
+    ax.set_xlim(left=0)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    _save(fig, path)
+    return {"file": path.name, "windows": windows, "ceiling": ceiling}
+
+
+# --- b. eval accuracy per relation
+
+
+def eval_accuracy_by_relation(group: Group, path: Path, split: str) -> dict:
+    keys = ["eval/accuracy"] + [f"eval/{rel}/accuracy" for rel in RELATIONS]
+    cats = ["overall", *RELATIONS]
+    conds = [c for c in group.conditions if c.summary["eval/accuracy"]["n"] > 0]
+    if not conds:
+        return {"file": None, "skipped": "no condition has an eval"}
+    st = styles(group.conditions)
+    fig, ax = plt.subplots(figsize=(min(16.0, 6.0 + 0.8 * len(conds)), 4.8))
+    width = 0.8 / len(conds)
+    base = np.arange(len(cats), dtype=float)
+    for j, c in enumerate(conds):
+        s = st[c.label]
+        xs = base + (j - (len(conds) - 1) / 2) * width
+        means = np.array([np.nan if c.summary[k]["mean"] is None else c.summary[k]["mean"] for k in keys])
+        errs = np.array([c.summary[k]["half_width"] or 0.0 for k in keys])
+        # Accuracy lives in [0, 1]: the t interval is drawn clipped to it (n=2 intervals are wide).
+        yerr = np.vstack([np.minimum(errs, np.nan_to_num(means)), np.minimum(errs, 1 - np.nan_to_num(means))])
+        ax.bar(xs, means, width * 0.95, color=s["color"], hatch=s["hatch"], edgecolor=_shade(s["color"], -0.5),
+               linewidth=0.6, label=f"{c.label} (n={c.summary['eval/accuracy']['n']})")
+        ax.errorbar(xs, means, yerr=yerr, fmt="none", ecolor="black", elinewidth=1, capsize=2.5)
+        for x, k in zip(xs, keys):
+            vals = [v["value"] for v in c.summary[k]["values"]]
+            if vals:
+                off = np.linspace(-0.22, 0.22, len(vals)) * width if len(vals) > 1 else np.zeros(1)
+                ax.scatter(x + off, vals, s=9, color="black", zorder=3, linewidths=0, clip_on=False)
+    ax.scatter([], [], s=9, color="black", label="one seed")
+    ax.set_xticks(base, cats)
+    ax.set_xlabel("view relation")
+    ax.set_ylabel(f"greedy accuracy on {split} (fraction of views)")
+    ax.set_ylim(0, 1.05)
+    ax.set_title("Eval accuracy by relation\nbar = mean over seeds, error bar = 95% t interval (clipped to [0, 1]), "
+                 "dot = one seed", fontsize=10)
+    ax.grid(axis="y", alpha=0.3)
+    handles, labels = ax.get_legend_handles_labels()
+    order = [i for i, lb in enumerate(labels) if lb != "one seed"] + [labels.index("one seed")]
+    ax.legend([handles[i] for i in order], [labels[i] for i in order], loc="upper left",
+              bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    _save(fig, path)
+    return {"file": path.name}
+
+
+# --- c. budget use
+
+
+def budget_use(group: Group, path: Path) -> dict:
+    rl = [c for c in group.conditions if c.rl and c.summary["budget/fraction"]["n"] > 0]
+    if not rl:
+        return {"file": None, "skipped": "no RL condition: sampled-token budget not used"}
+    st = styles(group.conditions)
+    fig, (a1, a2) = plt.subplots(1, 2, sharey=True, figsize=(10, 1.9 + 0.55 * max(len(rl), 2)),
+                                 layout="constrained")  # keeps the two-line title off the axes
+    ys = np.arange(len(rl), dtype=float)
+    for y, c in zip(ys, rl):
+        s = st[c.label]
+        for ax, key, scale in ((a1, "budget/fraction", 100.0), (a2, "train/optimizer_steps", 1.0)):
+            summ = c.summary[key]
+            if summ["mean"] is None:
+                continue
+            ax.barh(y, summ["mean"] * scale, height=0.7, color=s["color"], hatch=s["hatch"],
+                    edgecolor=_shade(s["color"], -0.5), linewidth=0.6)
+            vals = [v["value"] * scale for v in summ["values"]]
+            off = np.linspace(-0.2, 0.2, len(vals)) if len(vals) > 1 else np.zeros(1)
+            ax.scatter(vals, y + off, s=10, color="black", zorder=3, linewidths=0, clip_on=False)
+    a1.axvline(100, color="black", linestyle="--", lw=1, label="ceiling (100%)")
+    a1.scatter([], [], s=10, color="black", label="one seed")
+    a2.legend(*a1.get_legend_handles_labels(), loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8,
+              frameon=False)
+    a1.set_xlim(0, max(105.0, 5 + max(v["value"] * 100 for c in rl for v in c.summary["budget/fraction"]["values"])))
+    a1.set_xlabel("sampled completion tokens used (% of the run's ceiling)")
+    a2.set_xlabel("optimizer steps (count)")
+    a1.set_yticks(ys, [f"{c.label} (n={c.summary['budget/fraction']['n']})" for c in rl])
+    a1.invert_yaxis()
+    for ax in (a1, a2):
+        ax.grid(axis="x", alpha=0.3)
+    fig.suptitle("Budget use per RL condition: bar = mean over seeds\n"
+                 "(SFT trains on a loss-token budget and is not shown)", fontsize=10)
+    _save(fig, path)
+    return {"file": path.name}

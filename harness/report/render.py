@@ -1,0 +1,199 @@
+"""report.json -> report.md and the stdout summary. Every number shown comes from report.json."""
+
+from __future__ import annotations
+
+from harness.report.compare import EVAL_METRICS, METRIC_TITLES, TRAIN_METRICS
+from harness.report.stats import EXACT_MAX, MC_RESAMPLES, MC_SEED
+
+DASH = "–"
+
+
+# --- number formats
+
+
+def _num(key: str, v: float, signed: bool = False) -> str:
+    sign = "+" if signed else ""
+    if key == "budget/fraction":
+        return f"{v * 100:{sign}.1f}%"
+    if key in ("budget/tokens", "budget/ceiling"):
+        return f"{v:{sign},.0f}"
+    if key == "train/optimizer_steps":
+        return f"{v:{sign}.0f}" if float(v).is_integer() else f"{v:{sign}.1f}"
+    if key == "perf/wall_time_s":
+        return f"{v:{sign}.1f}"
+    return f"{v:{sign}.3f}"
+
+
+def cell(key: str, s: dict) -> str:
+    """'mean ± half-width (n=k)'; one seed: 'value (n=1)'; none: '–'."""
+    if not s or not s.get("n"):
+        return DASH
+    signed = key == "eval/accuracy_change"
+    if s["n"] == 1:
+        return f"{_num(key, s['mean'], signed)} (n=1)"
+    hw = _num(key, s["half_width"]) if key != "budget/fraction" else f"{s['half_width'] * 100:.1f}%"
+    return f"{_num(key, s['mean'], signed)} ± {hw} (n={s['n']})"
+
+
+def _md_escape(text: str) -> str:
+    return str(text).replace("|", "\\|")
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    out += ["| " + " | ".join(_md_escape(c) for c in row) + " |" for row in rows]
+    return out
+
+
+# --- markdown
+
+
+def _header(rep: dict) -> list[str]:
+    c = rep["counts"]
+    seeds = ", ".join(map(str, c["seeds"])) or DASH
+    lines = ["# Run comparison", "",
+             f"- DIR: `{rep['dir']}` ({rep['source_description']})",
+             f"- created: {rep['created_at']}",
+             f"- runs: {c['runs']} complete in {c['conditions']} condition(s), seeds {seeds}"
+             + (f"; {c['incomplete']} incomplete (listed below, never averaged)" if c["incomplete"] else ""),
+             f"- eval: greedy decoding on split `{rep['eval_split']}`" if rep["eval_split"] else "- eval: none found"]
+    code = rep["code"]
+    if code["uniform"] and code["variants"]:
+        v = code["variants"][0]
+        lines.append(f"- harness code: commit `{str(v['commit'])[:12]}`" + (" (dirty)" if v["dirty"] else " (clean)"))
+    elif code["variants"]:
+        parts = [f"`{str(v['commit'])[:12]}`" + (f" dirty (diff {str(v['diff_sha256'])[:8]})" if v["dirty"] else " clean")
+                 + f" ({v['runs']} run{'s' if v['runs'] != 1 else ''})" for v in code["variants"]]
+        lines.append("- harness code differs across runs: " + ", ".join(parts))
+    lines.append(f"- baseline for paired comparisons: `{rep['baseline_requested']}`")
+    if rep["identity_note"]:
+        lines += ["", f"**{rep['identity_note']}**"]
+    return lines
+
+
+def _group(rep: dict, g: dict) -> list[str]:
+    multi = len(rep["groups"]) > 1
+    h = "###" if multi else "##"
+    out: list[str] = []
+    if multi:
+        out += ["", f"## Group {g['index']}: data {g['data']}; model {g['model']}"]
+    conds = g["conditions"]
+    split = rep["eval_split"] or "eval"
+    has_dir = any(c["metrics"]["eval/direction_accuracy"]["n"] for c in conds)
+    eval_keys = [k for k, _ in EVAL_METRICS if k != "eval/direction_accuracy" or has_dir]
+    out += ["", f"{h} Eval accuracy (greedy, split `{split}`)", "",
+            "Each cell: mean ± half-width of the 95% Student-t interval over seeds (n seeds); one seed: its value. "
+            "`change` = accuracy − accuracy before training (the init policy), per seed. Relation columns: "
+            "accuracy on that relation's views; FULL abstention: fraction of FULL views answered with the "
+            "abstention.", ""]
+    out += _table(["condition"] + [METRIC_TITLES[k] for k in eval_keys],
+                  [[c["label"]] + [cell(k, c["metrics"][k]) for k in eval_keys] for c in conds])
+    out += ["", f"{h} Training and budget", "",
+            "Train reward: mean reward of the completions of the last 10% of steps (trace rows; RL only). "
+            "Tokens: sampled completion tokens (ledger) for RL runs, loss tokens for SFT runs (budget kind column).", ""]
+    rows = []
+    for c in conds:
+        stopped = ", ".join(f"{k} ×{v}" for k, v in c["stopped_by"].items()) or DASH
+        rows.append([c["label"], c["budget_kind"]] + [cell(k, c["metrics"][k]) for k, _ in TRAIN_METRICS[:5]]
+                    + [stopped, cell("perf/wall_time_s", c["metrics"]["perf/wall_time_s"])])
+    out += _table(["condition", "budget kind"] + [t for _, t in TRAIN_METRICS[:5]] + ["stopped by", "wall time (s)"],
+                  rows)
+    out += ["", f"{h} Paired comparison vs baseline", ""]
+    if g["baseline"] is None:
+        out.append(g["baseline_note"])
+    else:
+        out += [f"Baseline: `{g['baseline']}`. For each seed s both conditions have, d_s = metric(condition, s) − "
+                f"metric(baseline, s); shown: mean of d_s, its 95% percentile bootstrap interval over seeds "
+                f"(exact enumeration of all resamples for n ≤ {EXACT_MAX} paired seeds, else {MC_RESAMPLES:,} "
+                f"resamples with numpy default_rng({MC_SEED}); quantile rule: inverted CDF, the smallest resampled "
+                "mean whose cumulative probability reaches 2.5% / 97.5%), and the number of paired seeds. "
+                "With 2 or 3 paired seeds this interval is just the range [min d_s, max d_s] (each extreme "
+                "resample has probability ≥ 1/27 > 2.5%): read it as the spread of the seeds, not as evidence.", ""]
+        rows = []
+        for p in g["paired"]:
+            if p["n"] == 0:
+                rows.append([p["condition"], METRIC_TITLES[p["metric"]], DASH, "no common seeds", "0"])
+                continue
+            ci = (f"[{_num(p['metric'], p['low'], True)}, {_num(p['metric'], p['high'], True)}]"
+                  if p["low"] is not None else "no interval (1 paired seed)")
+            rows.append([p["condition"], METRIC_TITLES[p["metric"]], _num(p["metric"], p["mean"], True), ci,
+                         f"{p['n']} (seed{'s' if p['n'] > 1 else ''} {', '.join(map(str, p['seeds']))})"])
+        out += _table(["condition", "metric", "mean difference", "95% bootstrap interval", "paired seeds"], rows)
+    out += ["", f"{h} Conditions", ""]
+    for c in conds:
+        fields = ", ".join(f"{k}={v}" for k, v in c["fields"].items())
+        out.append(f"- **{c['label']}**: arm `{c['arm']}`" + (f"; differs in {fields}" if fields else "")
+                   + ("; SFT warm start of RL runs in this report" if c["warm_start"] else ""))
+        for r in c["runs"]:
+            out.append(f"  - seed {r['seed']}: `{r['run']}`")
+        for r in c["duplicates"]:
+            out.append(f"  - seed {r['seed']} again: `{r['run']}` (a second run of this seed: listed, not averaged)")
+    out += ["", f"{h} Plots", ""]
+    for key, caption in (("reward_vs_tokens", "Train reward vs cumulative sampled completion tokens"),
+                         ("eval_accuracy_by_relation", "Eval accuracy by relation"),
+                         ("budget_use", "Budget use (RL conditions)")):
+        p = g["plots"].get(key) or {}
+        if p.get("file"):
+            out += [f"![{caption}]({p['file']})", ""]
+        else:
+            out += [f"- {caption}: not drawn ({p.get('skipped', 'nothing to plot')})", ""]
+    if any(c["budget_kind"] == "loss" for c in conds):
+        out.append("SFT conditions are not in the budget plot: they train on a loss-token budget and sample no "
+                   "completion tokens (their loss tokens are in the table above).")
+    return out
+
+
+def markdown(rep: dict) -> str:
+    out = _header(rep)
+    for g in rep["groups"]:
+        out += _group(rep, g)
+    out += ["", "## Incomplete runs", ""]
+    if rep["incomplete_runs"]:
+        out += ["Not averaged into any table or plot.", ""]
+        out += _table(["run", "arm", "seed", "status", "path"],
+                      [[r["run"], r["arm"], str(r["seed"]), r["status"], f"`{r['path']}`"] for r in rep["incomplete_runs"]])
+    else:
+        out.append("None.")
+    out += ["", "## Failed jobs", ""]
+    failed = rep["failed_jobs"]
+    if failed:
+        out += _table(["sweep", "job", "overrides", "exit code", "error", "run dir"],
+                      [[j["sweep_name"], str(j["job"]), " ".join(j["overrides"]), str(j["exit_code"]),
+                        j["error"] or DASH, f"`{j['run_dir']}`" if j["run_dir"] else DASH] for j in failed])
+    else:
+        n = rep["counts"]["jobs"]
+        out.append(f"None ({n} sweep job record{'s' if n != 1 else ''} read)." if n else
+                   "No sweep job records (jobs/<n>.json) under DIR.")
+    if rep["notes"]:
+        out += ["", "## Notes", ""] + [f"- {n}" for n in rep["notes"]]
+    return "\n".join(out) + "\n"
+
+
+# --- stdout
+
+
+def summary(rep: dict, md_path: str) -> str:
+    lines = [f"report: {md_path}"]
+    if rep["identity_note"]:
+        lines.append(rep["identity_note"])
+    header = ["condition", "n", "accuracy", "change", "FULL", "budget used"]
+    for g in rep["groups"]:
+        if len(rep["groups"]) > 1:
+            lines.append(f"group {g['index']}: data {g['data']}; model {g['model']}")
+        rows = [header]
+        for c in g["conditions"]:
+            m = c["metrics"]
+            rows.append([c["label"], str(len(c["runs"])), cell("eval/accuracy", m["eval/accuracy"]).split(" (n=")[0],
+                         cell("eval/accuracy_change", m["eval/accuracy_change"]).split(" (n=")[0],
+                         cell("eval/FULL/accuracy", m["eval/FULL/accuracy"]).split(" (n=")[0],
+                         cell("budget/fraction", m["budget/fraction"]).split(" (n=")[0]
+                         + (" (loss tok)" if c["budget_kind"] == "loss" else "")])
+        widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+        lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
+    lines.append("cells: mean ± half-width of the 95% t interval over seeds; paired comparisons and plots in report.md")
+    if rep["counts"]["incomplete"]:
+        lines.append(f"{rep['counts']['incomplete']} incomplete run(s) listed, not averaged")
+    if rep["failed_jobs"]:
+        lines.append(f"{len(rep['failed_jobs'])} failed job(s): "
+                     + ", ".join(f"{j['sweep_name']}#{j['job']}" for j in rep["failed_jobs"]))
+    return "\n".join(lines)

@@ -1,0 +1,109 @@
+"""Multirun sweeps end to end with the real trainers: the acceptance sweep of issue 7 (four debug runs with
+eval artifacts), a failing job that does not stop the others, and Hydra's joblib launcher running jobs in
+parallel that share one SFT warm start."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.verify import verify
+from tests.conftest import heavy_imports, run_harness
+
+
+def _sweep_dir(out: Path) -> Path:
+    (d,) = (out / "sweeps").iterdir()
+    return d
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    """`-m arm=grpo,sft seed=0,1 debug=tiny` plus a fifth job whose config is refused at plan time."""
+    out = tmp_path_factory.mktemp("sweep")
+    proc = run_harness("-m", "arm=grpo,sft", "seed=0,1", "debug=tiny", f"output_root={out}", timeout=900)
+    return out, proc
+
+
+def test_four_runs_complete_each_with_an_eval_artifact(sweep):
+    out, proc = sweep
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    sd = _sweep_dir(out)
+    summary = json.loads((sd / "sweep.json").read_text())
+    assert summary["jobs"] == summary["completed"] == 4 and summary["failed"] == []
+    runs = [Path(r["run_dir"]) for r in summary["runs"]]
+    assert sorted(r.name.split("-")[0] + "-s" + r.name.split("-s")[-1][0] for r in runs) == \
+        ["grpo-s0", "grpo-s1", "sft-s0", "sft-s1"]
+    for r in runs:
+        comp = json.loads((r / "completion.json").read_text())
+        assert comp["status"] == "completed" and comp["eval_after"]["n"] == 64
+        assert (r / "eval" / "test.json").is_file() and verify(r) == []
+    # the RL jobs of a seed use that seed's warm start; the two warm starts are distinct runs
+    parents = {json.loads((r / "run_manifest.json").read_text())["parent"]["run_dir"]
+               for r in runs if r.name.startswith("grpo")}
+    assert len(parents) == 2 and all(verify(Path(p)) == [] for p in parents)
+    assert "4 job(s), 4 completed, 0 failed" in proc.stderr
+
+
+def _png_ok(path: Path) -> bool:
+    import matplotlib.image
+
+    return path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and matplotlib.image.imread(path).ndim == 3
+
+
+def test_report_over_the_output_root_is_torch_free_and_names_both_arms(sweep):
+    out, _ = sweep
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "harness.report", str(out)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert heavy_imports(proc.stderr) == []
+    md = (out / "report" / "report.md").read_text()
+    assert "| grpo |" in md and "sft (budget.max_steps=" in md and "(warm start)" in md
+    pngs = sorted((out / "report").glob("*.png"))
+    assert len(pngs) >= 2 and all(_png_ok(p) for p in pngs)
+
+
+def test_report_over_the_sweep_folder_compares_its_jobs_only(sweep):
+    from harness.report.cli import build_report
+
+    out, _ = sweep
+    rep, md = build_report(_sweep_dir(out))
+    (group,) = rep["groups"]
+    assert [c["label"] for c in group["conditions"]] == ["sft", "grpo"]  # fixed arm order; warm starts not jobs
+    assert rep["counts"]["runs"] == 4 and rep["failed_jobs"] == []
+    grpo = next(c for c in group["conditions"] if c["label"] == "grpo")
+    accs = [json.loads((Path(r["path"]) / "eval" / "test.json").read_text())["accuracy"] for r in grpo["runs"]]
+    assert grpo["metrics"]["eval/accuracy"]["mean"] == pytest.approx(sum(accs) / 2)
+    assert grpo["metrics"]["eval/accuracy"]["n"] == 2 and grpo["metrics"]["budget/fraction"]["mean"] <= 1.0
+    pair = next(p for p in group["paired"] if p["condition"] == "sft" and p["metric"] == "eval/accuracy")
+    assert pair["n"] == 2
+
+
+def test_a_failing_job_is_recorded_the_others_complete_and_the_report_lists_it(tmp_path):
+    proc = run_harness("-m", "arm=sft", "debug=tiny", "budget.max_steps=0,4", f"output_root={tmp_path}", timeout=600)
+    assert proc.returncode == 1 and "1 failed job(s)" in proc.stderr and "Traceback" not in proc.stderr
+    summary = json.loads((_sweep_dir(tmp_path) / "sweep.json").read_text())
+    assert summary["failed"] == [0] and summary["completed"] == 1
+    ok = Path(summary["runs"][1]["run_dir"])
+    assert json.loads((ok / "completion.json").read_text())["optimizer_steps"] == 4
+    rep = run_harness(str(_sweep_dir(tmp_path)), module="harness.report", timeout=120)
+    assert rep.returncode == 0, rep.stderr
+    md = (_sweep_dir(tmp_path) / "report" / "report.md").read_text()
+    failed = md[md.index("## Failed jobs"):]
+    assert "budget.max_steps=0" in failed and "exit" in failed.lower()
+
+
+def test_joblib_launcher_runs_jobs_in_parallel_sharing_the_warm_start(tmp_path):
+    proc = run_harness("-m", "arm=grpo,papo", "seed=0", "debug=tiny", "hydra/launcher=joblib",
+                       "hydra.launcher.n_jobs=2", f"output_root={tmp_path}", timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    summary = json.loads((_sweep_dir(tmp_path) / "sweep.json").read_text())
+    assert summary["completed"] == 2 and "Joblib" in summary["launcher"]
+    sft_runs = [p for p in (tmp_path / "runs").iterdir() if p.name.startswith("sft-")]
+    assert len(sft_runs) == 1  # computed once, by whichever job took its lock first
+    parents = {json.loads((Path(r["run_dir"]) / "run_manifest.json").read_text())["parent"]["run_dir"]
+               for r in summary["runs"]}
+    assert parents == {str(sft_runs[0])}

@@ -1,0 +1,348 @@
+"""`python -m harness.report`: fixture run dirs with chosen numbers, checked against hand-computed values."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.report.cli import build_report, main
+from harness.report.runs import read_curve, train_reward_last
+from tests.conftest import REPO, heavy_imports
+
+RELS = ("FULL", "CONTROL", "MISSING", "SUBSTITUTE")
+DATA = "d" * 64
+MODEL = "m" * 64
+NON_SEMANTIC = ["output_root", "mode", "data.cache_dir", "train.logging_steps"]
+
+# --- fixture run dirs
+
+
+def _write(path: Path, obj) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(obj, indent=1), encoding="utf-8")
+
+
+def _eval(acc: float, rel: dict | None, direction: float | None, abst_full: float) -> dict:
+    rel = rel or {r: acc for r in RELS}
+    block = {"n": 64, "accuracy": acc, "abstention_rate": 0.25, "format_valid": 1.0, "truncated": 0.0,
+             "per_relation": {r: {"n": 16, "accuracy": rel[r], "abstention_rate": abst_full if r == "FULL" else 0.0,
+                                  "format_valid": 1.0, "truncated": 0.0} for r in RELS}}
+    if direction is not None:
+        block["direction_accuracy"] = direction
+    return block
+
+
+def make_run(root: Path, arm: str, seed: int, acc: float | None = None, *, before: float | None = None,
+             rel: dict | None = None, knobs: dict | None = None, data: str = DATA, steps: int = 10,
+             tokens: tuple[int, int] = (30, 20), rewards: list[float] | None = None, ceiling: int = 1000,
+             parent: str | None = None, complete: bool = True, direction: float | None = None,
+             abst_full: float = 0.0, wall: float = 10.0, subdir: str = "runs") -> Path:
+    """A minimal but faithful run dir: manifest (plan, identity), completion.json, eval/test(-before).json,
+    and for RL arms two ranks of ledger (tokens[r] per step each) and trace rows (rewards[step])."""
+    config = {"seed": seed, "output_root": str(root), "mode": "train",
+              "arm": {"name": arm, "learning_rate": 1e-4, **(knobs or {})},
+              "budget": {"max_completion_tokens": ceiling, "max_steps": steps},
+              "data": {"name": "synthetic", "eval_split": "test", "cache_dir": str(root / "cache")},
+              "train": {"logging_steps": 1}}
+    semantic = {k: v for k, v in config.items() if k not in ("output_root", "mode")}
+    sem = hashlib.sha256(json.dumps([semantic, data], sort_keys=True).encode()).hexdigest()
+    name = f"{arm}-tiny-s{seed}-{sem[:8]}"
+    run_dir = root / subdir / name
+    ident = {"config_sha256": sem, "semantic_sha256": sem, "non_semantic_fields": NON_SEMANTIC,
+             "data": {"kind": "synthetic", "spec_sha256": "s" * 64, "content_sha256": data, "root": str(root / "d")},
+             "model": {"kind": "tiny", "spec_sha256": "t" * 64, "files_sha256": MODEL, "base_path": str(root / "m")},
+             "code": {"commit": "abc123" * 6 + "abcd", "dirty": False, "diff_sha256": None}}
+    planned = {**ident, "data": {**ident["data"], "content_sha256": None}, "model": {**ident["model"], "files_sha256": None}}
+    rl = arm != "sft"
+    _write(run_dir / "run_manifest.json", {
+        "manifest_version": 1, "run_name": name, "status": "completed" if complete else "running", "identity": ident,
+        "plan": {"run_name": name, "run_dir": str(run_dir), "identity": planned, "choices": {"arm": arm},
+                 "config": config},
+        "parent": {"run_name": parent, "run_dir": str(root / "runs" / parent)} if parent else None,
+    })
+    if not complete:
+        return run_dir
+    comp = {"status": "completed", "run_name": name, "arm": arm, "optimizer_steps": steps, "stopped_by": "max_steps",
+            "identity": ident, "wall_time_s": wall,
+            "parent": {"run_name": parent, "run_dir": str(root / "runs" / parent)} if parent else None}
+    if rl:
+        comp.update(realized_completion_tokens=steps * sum(tokens), completion_token_ceiling=ceiling,
+                    realized_completion_count=steps * 8)
+        rewards = rewards if rewards is not None else [0.1 * s for s in range(steps)]
+        for rank in (0, 1):
+            ledger = [{"completion_id": f"{sem[:8]}:{s}:{rank}:{g}", "step": s, "tokens": tokens[rank] // 4 + (g == 0) * (tokens[rank] % 4),
+                       "terminated": True, "view": "v"} for s in range(steps) for g in range(4)]
+            trace = [{"completion_id": r["completion_id"], "step": r["step"], "reward": rewards[r["step"]],
+                      "correct": True, "relation": "FULL"} for r in ledger]
+            (run_dir / "ledgers").mkdir(parents=True, exist_ok=True)
+            (run_dir / "traces").mkdir(parents=True, exist_ok=True)
+            (run_dir / "ledgers" / f"rank-{rank}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ledger))
+            (run_dir / "traces" / f"rank-{rank}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in trace))
+    else:
+        comp.update(realized_loss_tokens=500, planned_loss_tokens=500, loss_token_ceiling=2000, sft_rows=40)
+    if acc is not None:
+        after = _eval(acc, rel, direction, abst_full)
+        _write(run_dir / "eval" / "test.json", {"split": "test", "label": "final", **after})
+        comp["eval_after"] = after
+    if before is not None:
+        b = _eval(before, None, None, 0.0)
+        _write(run_dir / "eval" / "test-before.json", {"split": "test", "label": "before", **b})
+        comp["eval_before"] = b
+    _write(run_dir / "completion.json", comp)
+    return run_dir
+
+
+GRPO = (0.50, 0.60, 0.70)
+PAPO = (0.55, 0.70, 0.72)
+
+
+@pytest.fixture
+def basic(tmp_path):
+    """grpo and papo, seeds 0..2, from SFT warm starts (seeds 0..2), plus one incomplete grpo run."""
+    root = tmp_path / "out"
+    sft = [make_run(root, "sft", s, 0.40 + 0.01 * s, steps=20) for s in range(3)]
+    for s in range(3):
+        make_run(root, "grpo", s, GRPO[s], before=0.40 + 0.01 * s, parent=sft[s].name)
+        make_run(root, "papo", s, PAPO[s], before=0.40 + 0.01 * s, parent=sft[s].name, knobs={"gamma": 0.02})
+    make_run(root, "grpo", 3, None, complete=False)
+    return root
+
+
+def _cond(rep: dict, label: str, group: int = 0) -> dict:
+    found = [c for c in rep["groups"][group]["conditions"] if c["label"] == label]
+    assert found, [c["label"] for c in rep["groups"][group]["conditions"]]
+    return found[0]
+
+
+def _pair(rep: dict, cond: str, metric: str, group: int = 0) -> dict:
+    return next(p for p in rep["groups"][group]["paired"] if p["condition"] == cond and p["metric"] == metric)
+
+
+# --- tests
+
+
+def test_means_t_intervals_and_exact_bootstrap(basic):
+    rep, md = build_report(basic)
+    assert md == basic / "report" / "report.md" and md.is_file()
+    assert json.loads((basic / "report" / "report.json").read_text()) == rep
+    g = _cond(rep, "grpo")["metrics"]
+    # grpo 0.50, 0.60, 0.70: mean 0.6, sd 0.1, hw = 4.302653 * 0.1 / sqrt(3) = 0.248414
+    assert g["eval/accuracy"]["n"] == 3 and g["eval/accuracy"]["mean"] == pytest.approx(0.6)
+    assert g["eval/accuracy"]["half_width"] == pytest.approx(4.302653 * 0.1 / math.sqrt(3))
+    p = _cond(rep, "papo")["metrics"]
+    # papo 0.55, 0.70, 0.72: mean 197/300; deviations -32, 13, 19 (/300); sd = sqrt((1024+169+361)/2)/300 = sqrt(777)/300
+    assert p["eval/accuracy"]["mean"] == pytest.approx(197 / 300)
+    assert p["eval/accuracy"]["sd"] == pytest.approx(math.sqrt(777) / 300)
+    assert p["eval/accuracy"]["half_width"] == pytest.approx(4.302653 * math.sqrt(777) / 300 / math.sqrt(3))
+    # change = after - before per seed: grpo 0.10, 0.19, 0.28 -> mean 0.19
+    assert g["eval/accuracy_change"]["mean"] == pytest.approx(0.19)
+    assert g["eval/accuracy_before"]["mean"] == pytest.approx(0.41)
+    # paired papo - grpo, seeds 0,1,2: d = 0.05, 0.10, 0.02; exact bootstrap, n = 3: [min, max] = [0.02, 0.10]
+    acc = _pair(rep, "papo", "eval/accuracy")
+    assert acc["seeds"] == [0, 1, 2] and acc["n"] == 3 and acc["method"] == "exact"
+    assert acc["mean"] == pytest.approx(0.17 / 3)
+    assert (acc["low"], acc["high"]) == (pytest.approx(0.02), pytest.approx(0.10))
+    assert {q["metric"] for q in rep["groups"][0]["paired"] if q["condition"] == "papo"} >= {
+        "eval/accuracy", "eval/FULL/accuracy", "eval/CONTROL/accuracy", "eval/MISSING/accuracy",
+        "eval/SUBSTITUTE/accuracy"}
+    assert rep["groups"][0]["baseline"] == "grpo"
+    text = md.read_text()
+    assert "0.600 ± 0.248 (n=3)" in text and "[+0.020, +0.100]" in text
+
+
+def test_budget_reward_and_steps(basic):
+    rep, _ = build_report(basic)
+    g = _cond(rep, "grpo")["metrics"]
+    # 10 steps x (30 + 20) tokens over two ranks = 500 of a 1000-token ceiling
+    assert g["budget/tokens"]["mean"] == 500 and g["budget/ceiling"]["mean"] == 1000
+    assert g["budget/fraction"]["mean"] == pytest.approx(0.5)
+    # rewards 0.0, 0.1, ..., 0.9 over 10 steps; last 10% = the last step -> 0.9
+    assert g["train/reward_last10pct"]["mean"] == pytest.approx(0.9)
+    assert g["train/optimizer_steps"]["mean"] == 10 and _cond(rep, "grpo")["stopped_by"] == {"max_steps": 3}
+    s = _cond(rep, "sft (warm start)")
+    assert s["budget_kind"] == "loss" and s["metrics"]["budget/tokens"]["mean"] == 500
+    assert s["metrics"]["train/reward_last10pct"]["n"] == 0  # no traces: shown as "–"
+
+
+def test_curve_sums_ranks_per_step_and_last_ten_percent(tmp_path):
+    run = make_run(tmp_path, "grpo", 0, 0.5, steps=20, tokens=(7, 5), rewards=[float(s) for s in range(20)])
+    notes: list[str] = []
+    curve = read_curve(run, notes)
+    assert notes == [] and curve["step"] == list(range(20))
+    assert curve["tokens"] == [12] * 20  # 7 (rank 0) + 5 (rank 1) per step
+    assert curve["reward"][3] == 3.0
+    # 20 steps: last ceil(2.0) = 2 steps, rewards 18 and 19, 8 completions each -> 18.5
+    assert train_reward_last(curve) == pytest.approx(18.5)
+
+
+def test_warm_start_label_and_fixed_order(basic):
+    make_run(basic, "zeta", 0, 0.3)
+    make_run(basic, "evi_po", 0, 0.6)
+    rep, _ = build_report(basic)
+    labels = [c["label"] for c in rep["groups"][0]["conditions"]]
+    assert labels == ["sft (warm start)", "grpo", "papo", "evi_po", "zeta"]
+    assert _cond(rep, "sft (warm start)")["warm_start"] is True
+
+
+def test_incomplete_run_listed_not_averaged(basic):
+    rep, md = build_report(basic)
+    inc = rep["incomplete_runs"]
+    assert len(inc) == 1 and inc[0]["seed"] == 3 and inc[0]["manifest_status"] == "running"
+    assert "no completion.json" in inc[0]["status"]
+    assert _cond(rep, "grpo")["seeds"] == [0, 1, 2]
+    assert rep["counts"]["incomplete"] == 1
+    assert "## Incomplete runs" in md.read_text() and inc[0]["run"] in md.read_text()
+
+
+def test_ablation_labels_and_order(tmp_path):
+    root = tmp_path / "o"
+    for s, (a, b) in enumerate([(0.5, 0.6), (0.55, 0.65)]):
+        make_run(root, "grpo", s, 0.5)
+        make_run(root, "papo", s, a, knobs={"gamma": 0.5})
+        make_run(root, "papo", s, b, knobs={"gamma": 0.02})
+    rep, _ = build_report(root)
+    labels = [c["label"] for c in rep["groups"][0]["conditions"]]
+    assert labels == ["grpo", "papo (arm.gamma=0.02)", "papo (arm.gamma=0.5)"]  # 0.02 < 0.5 numerically
+    assert _cond(rep, "papo (arm.gamma=0.5)")["fields"] == {"arm.gamma": 0.5}
+    # paired vs grpo: gamma=0.02: d = 0.1, 0.15 -> exact n=2 interval [0.10, 0.15], mean 0.125
+    p = _pair(rep, "papo (arm.gamma=0.02)", "eval/accuracy")
+    assert p["n"] == 2 and p["mean"] == pytest.approx(0.125)
+    assert (p["low"], p["high"]) == (pytest.approx(0.10), pytest.approx(0.15))
+    # --baseline by label
+    rep2, _ = build_report(root, baseline="papo (arm.gamma=0.5)")
+    assert rep2["groups"][0]["baseline"] == "papo (arm.gamma=0.5)"
+    # --baseline papo is ambiguous: said in the report, not an error
+    rep3, md3 = build_report(root, baseline="papo")
+    assert rep3["groups"][0]["baseline"] is None and rep3["groups"][0]["paired"] == []
+    assert "ambiguous" in rep3["groups"][0]["baseline_note"] and "ambiguous" in md3.read_text()
+    rep4, _ = build_report(root, baseline="evi_po")
+    assert "not among" in rep4["groups"][0]["baseline_note"]
+
+
+def test_pairs_only_common_seeds(tmp_path):
+    root = tmp_path / "o"
+    for s in range(3):
+        make_run(root, "grpo", s, GRPO[s])
+    for s, acc in ((1, 0.65), (2, 0.62), (5, 0.90)):
+        make_run(root, "evi_po", s, acc)
+    rep, _ = build_report(root)
+    p = _pair(rep, "evi_po", "eval/accuracy")
+    # common seeds 1, 2: d = 0.65 - 0.60 = 0.05, 0.62 - 0.70 = -0.08; mean -0.015; n=2 interval [-0.08, 0.05]
+    assert p["seeds"] == [1, 2] and p["n"] == 2
+    assert p["mean"] == pytest.approx(-0.015)
+    assert (p["low"], p["high"]) == (pytest.approx(-0.08), pytest.approx(0.05))
+    # the table still averages all three evi_po seeds
+    assert _cond(rep, "evi_po")["metrics"]["eval/accuracy"]["mean"] == pytest.approx((0.65 + 0.62 + 0.90) / 3)
+
+
+def test_groups_split_on_data_identity(tmp_path):
+    root = tmp_path / "o"
+    for s in range(2):
+        make_run(root, "grpo", s, 0.5 + 0.1 * s)
+    other = "e" * 64
+    make_run(root, "grpo", 0, 0.9, data=other)
+    rep, md = build_report(root)
+    assert rep["counts"]["groups"] == 2 and len(rep["groups"]) == 2
+    assert rep["identity_note"].startswith("2 groups: runs differ in data identity")
+    assert "dddddddddddd" in rep["identity_note"] and "eeeeeeeeeeee" in rep["identity_note"]
+    assert _cond(rep, "grpo", 0)["metrics"]["eval/accuracy"]["mean"] == pytest.approx(0.55)  # never averaged with 0.9
+    assert _cond(rep, "grpo", 1)["metrics"]["eval/accuracy"]["mean"] == pytest.approx(0.9)
+    assert "2 groups: runs differ in data identity" in md.read_text()
+    for k in (1, 2):
+        assert (root / "report" / f"eval_accuracy_by_relation-g{k}.png").is_file()
+    # one group again: the -g<k> plots of the earlier report are removed, not left to mislead
+    import shutil
+
+    shutil.rmtree(next(p for p in (root / "runs").iterdir() if other in (p / "run_manifest.json").read_text()))
+    rep, _ = build_report(root)
+    assert len(rep["groups"]) == 1 and rep["identity_note"] is None
+    assert sorted(p.name for p in (root / "report").glob("*.png")) == [
+        "budget_use.png", "eval_accuracy_by_relation.png", "reward_vs_tokens.png"]
+
+
+def test_second_run_of_a_seed_is_listed_not_averaged(tmp_path):
+    make_run(tmp_path, "grpo", 0, 0.5, subdir="a/runs")
+    make_run(tmp_path, "grpo", 0, 0.5, subdir="b/runs")  # the same run copied into another folder
+    make_run(tmp_path, "grpo", 1, 0.7, subdir="a/runs")
+    rep, _ = build_report(tmp_path)
+    c = _cond(rep, "grpo")
+    assert c["seeds"] == [0, 1] and len(c["duplicates"]) == 1
+    assert any("second run" in n for n in rep["notes"])
+
+
+def test_sweep_folder_failed_jobs_and_job_runs_only(tmp_path):
+    root = tmp_path / "o"
+    sft = make_run(root, "sft", 0, 0.4)
+    run = make_run(root, "grpo", 0, 0.5, parent=sft.name)
+    sweep = root / "sweeps" / "2026-01-01_00-00-00"
+    (sweep / "multirun.yaml").parent.mkdir(parents=True)
+    (sweep / "multirun.yaml").write_text("{}\n")
+    _write(sweep / "jobs" / "0.json", {"job": 0, "overrides": ["arm=grpo", "seed=0"], "status": "completed",
+                                       "exit_code": 0, "error": None, "run_dir": str(run)})
+    _write(sweep / "jobs" / "1.json", {"job": 1, "overrides": ["arm=papo", "seed=0"], "status": "failed",
+                                       "exit_code": None, "run_dir": None,
+                                       "error": {"type": "RuntimeError", "message": "CUDA out of memory\nmore",
+                                                 "traceback": "..."}})
+    rep, md = build_report(sweep)
+    assert rep["source"] == "sweep"
+    assert [c["label"] for c in rep["groups"][0]["conditions"]] == ["grpo"]  # the SFT parent is not a job
+    (job,) = rep["failed_jobs"]
+    assert job["job"] == 1 and job["overrides"] == ["arm=papo", "seed=0"]
+    assert job["error"] == "RuntimeError: CUDA out of memory" and job["exit_code"] is None
+    text = md.read_text()
+    assert "## Failed jobs" in text and "arm=papo seed=0" in text and "CUDA out of memory" in text
+    # the output_root lists every run under runs/ and the same failed job
+    rep_root, _ = build_report(root)
+    assert rep_root["source"] == "output_root" and len(rep_root["failed_jobs"]) == 1
+    assert {c["label"] for c in rep_root["groups"][0]["conditions"]} == {"sft (warm start)", "grpo"}
+
+
+def test_direction_accuracy_shown_when_present(tmp_path):
+    root = tmp_path / "o"
+    make_run(root, "grpo", 0, 0.5)
+    rep, md = build_report(root)
+    assert "direction accuracy" not in md.read_text()
+    make_run(root, "evi_po", 0, 0.6, direction=0.8)
+    rep, md = build_report(root)
+    assert _cond(rep, "evi_po")["metrics"]["eval/direction_accuracy"]["mean"] == pytest.approx(0.8)
+    assert "direction accuracy" in md.read_text()
+
+
+def test_pngs_are_valid(basic):
+    import matplotlib.image as mpimg
+
+    build_report(basic, out=basic / "elsewhere")
+    for name in ("reward_vs_tokens.png", "eval_accuracy_by_relation.png", "budget_use.png"):
+        p = basic / "elsewhere" / name
+        assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        img = mpimg.imread(p)
+        assert img.ndim == 3 and img.shape[0] > 300 and img.shape[1] > 600 and img.shape[2] in (3, 4)
+    assert not (basic / "report").exists()
+
+
+def test_cli_stdout_and_empty_dir(basic, tmp_path, capsys):
+    assert main([str(basic)]) == 0
+    out = capsys.readouterr().out
+    assert str(basic / "report" / "report.md") in out and "papo" in out and "0.600" in out
+    empty = tmp_path / "empty"
+    (empty / "sub").mkdir(parents=True)
+    assert main([str(empty)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and str(empty) in err and "run_manifest.json" in err and "fix:" in err
+    assert main([str(tmp_path / "missing")]) == 2
+
+
+def test_torch_free_subprocess(basic):
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "harness.report", str(basic)],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert heavy_imports(proc.stderr) == []
+    assert not any(line.rsplit("|", 1)[-1].strip().split(".")[0] == "datasets"
+                   for line in proc.stderr.splitlines() if "|" in line)
+    assert "report.md" in proc.stdout
