@@ -31,6 +31,9 @@ class BuildContext:
         return self.run_dir / "checkpoints"
 
 
+LOGGER_ENV = ("TENSORBOARD_LOGGING_DIR", "WANDB_MODE", "WANDB_PROJECT", "WANDB_DIR")
+
+
 def training_kwargs(ctx: BuildContext) -> dict:
     """TrainingArguments fields shared by every arm, straight from the plan."""
     c = ctx.plan.config
@@ -39,8 +42,8 @@ def training_kwargs(ctx: BuildContext) -> dict:
     if lg["tensorboard"]:  # transformers 5 takes the directory from the environment
         os.environ["TENSORBOARD_LOGGING_DIR"] = str(ctx.run_dir / "tensorboard")
     if lg["wandb"]:
-        os.environ.setdefault("WANDB_MODE", lg["wandb_mode"])
-        os.environ.setdefault("WANDB_PROJECT", lg["wandb_project"])
+        os.environ["WANDB_MODE"] = lg["wandb_mode"]  # the run's config, not a previous job's (multirun)
+        os.environ["WANDB_PROJECT"] = lg["wandb_project"]
         os.environ["WANDB_DIR"] = str(ctx.run_dir)
     on_gpu = ctx.device == "cuda"
     return dict(

@@ -11,12 +11,14 @@ eval, completion marker. Called by harness.lifecycle under a claimed run dir.
 from __future__ import annotations
 
 import logging
+import os
 import resource
+import sys
 import time
 from pathlib import Path
 
 from arms import ARMS, build_trainer
-from arms.common import BuildContext
+from arms.common import LOGGER_ENV, BuildContext
 from harness import checkpoint as ckpt
 from harness.accounting import METRICS_PATH, AppendLog, Frontier, ledger_path, trace_path
 from harness.callbacks import (BudgetCallback, CheckpointCallback, MetricsCallback, QuietProgressCallback,
@@ -129,6 +131,27 @@ def ensure_parent(parent, poll_s: float = 2.0) -> None:
             raise RuntimeError(f"the SFT warm start {parent.run_dir} failed (exit {code})")
 
 
+def close_loggers(trainer, ctx: RunContext, env_before: dict, *, failed: bool) -> None:
+    """Close the harness's logs, TensorBoard writers and a W&B run, and restore the logger environment."""
+    for lg in (ctx.ledger, ctx.trace, ctx.metrics):
+        if lg is not None:
+            lg.close()
+    for cb in trainer.callback_handler.callbacks:
+        writer = getattr(cb, "tb_writer", None)
+        if writer is not None:
+            writer.close()
+            cb.tb_writer = None
+    wandb = sys.modules.get("wandb")
+    if wandb is not None and getattr(wandb, "run", None) is not None:
+        wandb.finish(exit_code=1 if failed else 0)
+        wandb.teardown()  # its settings (the run dir) are cached process-wide; the next job has its own
+    for k, v in env_before.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
 def _status(run_dir: Path) -> str | None:
     try:
         return read_json(run_dir / "run_manifest.json").get("status")
@@ -211,6 +234,7 @@ def run_training(plan, run: RunDir) -> int:
     bctx = BuildContext(plan=plan, run_dir=run.path, model=policy.model, processor=policy.processor,
                         train_dataset=dataset, callbacks=callbacks, reward_fn=reward,
                         suppress_token_ids=policy.suppress_token_ids, device=device_of(plan), world=ctx.world)
+    env_before = {k: os.environ.get(k) for k in LOGGER_ENV}
     trainer = build_trainer(arm["name"], bctx)
     trainer_box.append(trainer)
     if not is_rl:
@@ -232,16 +256,19 @@ def run_training(plan, run: RunDir) -> int:
         if c["model"]["tuning"] == "full" and not _stock_resume():
             load_full_weights_strictly(policy.model, resume_from)
     final_manifest = read_json(resume_from / ckpt.CHECKPOINT_MANIFEST) if resume_from else {}
-    if final_manifest.get("permanent"):
-        # Killed after its final checkpoint: training is over. Trainer.train would take one more step
-        # (it checks max_steps at step end), so restore the final weights and state and go on to finalize.
-        train_out = finish_from_final_checkpoint(trainer, policy.model, resume_from, final_manifest, ctx, c, run)
-    else:
-        train_out = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
-
-    for lg in (ctx.ledger, ctx.trace, ctx.metrics):
-        if lg is not None:
-            lg.close()
+    try:
+        if final_manifest.get("permanent"):
+            # Killed after its final checkpoint: training is over. Trainer.train would take one more step
+            # (it checks max_steps at step end), so restore the final weights and state and go on to finalize.
+            train_out = finish_from_final_checkpoint(trainer, policy.model, resume_from, final_manifest, ctx, c, run)
+        else:
+            train_out = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+        failed = False
+    except BaseException:
+        failed = True
+        raise
+    finally:  # also on failure: the next job of a sweep (same process) must not inherit open loggers
+        close_loggers(trainer, ctx, env_before, failed=failed)
     save_final_policy(trainer, run.path, base_path=policy.base_path, plan=plan)
     if c["train"]["eval_after"]:
         evals["after"] = run_eval(policy.model, policy.processor, root, test_rows, label="final",

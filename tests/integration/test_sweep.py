@@ -107,3 +107,16 @@ def test_joblib_launcher_runs_jobs_in_parallel_sharing_the_warm_start(tmp_path):
     parents = {json.loads((Path(r["run_dir"]) / "run_manifest.json").read_text())["parent"]["run_dir"]
                for r in summary["runs"]}
     assert parents == {str(sft_runs[0])}
+
+
+def test_jobs_in_one_process_get_their_own_wandb_and_tensorboard_runs(tmp_path):
+    """The basic launcher runs every job in one process: W&B caches its settings process-wide and TRL leaves
+    its run open, so without closing them the second job logged into the first job's run dir."""
+    proc = run_harness("-m", "arm=sft", "debug=tiny", "logger=wandb", "logger.tensorboard=true", "seed=0,1",
+                       "budget.max_steps=3", f"output_root={tmp_path}", env={"WANDB_MODE": "offline"}, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs = sorted((tmp_path / "runs").iterdir())
+    assert len(runs) == 2
+    for run in runs:
+        assert len(list((run / "wandb").glob("offline-run-*"))) == 1, run.name
+        assert len(list((run / "tensorboard").rglob("events.out.tfevents.*"))) == 1, run.name
