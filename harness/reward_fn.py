@@ -7,8 +7,9 @@ it as f(prompts=, completions=, completion_ids=, **dataset columns repeated per 
 trainer_state=, log_extra=, log_metric=) — see PLATFORM.md.
 
 completion_id = <semantic hash[:8]>:<generation step>:<prompt slot>:<generation index>; the
-prompt slot is the prompt's position in the global generation batch, so ids are unique across
-ranks and steps.
+prompt slot is the prompt's position among the prompts sampled at that optimizer step, all ranks and
+all generation rounds of the step together (with gradient accumulation TRL generates once per
+micro-batch: several rounds per step), so ids are unique across ranks, rounds and steps.
 """
 
 from __future__ import annotations
@@ -28,17 +29,21 @@ class HarnessReward:
         self.provenance = provenance
         self.tag = provenance["semantic_sha256"][:8]
         self.__name__ = "harness"  # TRL names reward columns after it (rewards/harness/mean)
+        self._step, self._round = None, 0  # generation rounds seen in the current optimizer step
 
     def __call__(self, prompts, completions, completion_ids, trainer_state=None, row=None, **_):
         ctx = self.ctx
         step = trainer_state.global_step if trainer_state is not None else -1
         n = len(completions)
+        self._round = self._round + 1 if step == self._step else 0
+        self._step = step
+        base = self._round * ctx.world * n  # every rank scores n completions per round
         rewards = []
         for j in range(n):
             ids = completion_ids[j]
             record = json.loads(row[j])
             truncated = not ids or ids[-1] not in self.eos
-            slot, gen = divmod(ctx.rank * n + j, self.G)
+            slot, gen = divmod(base + ctx.rank * n + j, self.G)
             cid = f"{self.tag}:{step}:{slot}:{gen}"
             tr = score(completion_text(completions[j]), record, truncated=truncated, cfg=self.reward_cfg)
             ctx.ledger.append({"completion_id": cid, "tokens": len(ids), "terminated": not truncated, "step": step,
