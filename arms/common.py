@@ -45,7 +45,7 @@ def training_kwargs(ctx: BuildContext) -> dict:
         os.environ["WANDB_MODE"] = lg["wandb_mode"]  # the run's config, not a previous job's (multirun)
         os.environ["WANDB_PROJECT"] = lg["wandb_project"]
         os.environ["WANDB_DIR"] = str(ctx.run_dir)
-    on_gpu = ctx.device == "cuda"
+    on_gpu = ctx.device.startswith("cuda")
     return dict(
         output_dir=str(ctx.output_dir),
         learning_rate=a["learning_rate"],
@@ -62,6 +62,10 @@ def training_kwargs(ctx: BuildContext) -> dict:
         seed=c["seed"],
         data_seed=c["seed"],
         use_cpu=not on_gpu,
+        # Ranks may run different numbers of forwards through the DDP model in a step (evi_po's direction
+        # term runs only where a view's owner row is): with buffer broadcasts per forward, the ranks'
+        # collectives would no longer pair up and the job hangs (measured). The buffers here are constants.
+        ddp_broadcast_buffers=False,
         bf16=on_gpu and c["model"]["dtype"] == "bfloat16",  # on CPU: no bf16 autocast (~50% slower, PLATFORM.md)
         fp16=False,
         report_to=report_to,

@@ -15,6 +15,7 @@ from transformers import TrainerCallback
 from transformers.trainer_callback import ProgressCallback
 
 from harness import checkpoint as ckpt
+from harness import dist
 from harness.accounting import AppendLog
 
 log = logging.getLogger("harness")
@@ -145,17 +146,22 @@ class CheckpointCallback(TrainerCallback):
 
         step = state.global_step
         ckpt_dir = Path(args.output_dir) / f"checkpoint-{step}"
-        frontier = self.ctx.frontier()
-        digests = {f"rank-{self.ctx.rank}": state_digests(model, optimizer, lr_scheduler)}
+        mine = {"frontier": self.ctx.frontier(), "state": state_digests(model, optimizer, lr_scheduler),
+                "totals": {"completion_tokens": self.ctx.tokens_used, "completions": self.ctx.completions,
+                           **self.extra_totals()}}
+        # Every rank saved its part of the checkpoint (e.g. its RNG state) before this gather: rank 0 then
+        # digests the files and publishes with every rank's frontier, state digests and counters.
+        everyone = dist.all_gather(mine)
         if not state.is_world_process_zero:
             return control
         final = control.should_training_stop or step >= state.max_steps
+        totals = {k: sum(e["totals"].get(k, 0) for e in everyone) for k in mine["totals"]}
         ckpt.publish(
-            ckpt_dir, step=step, identity=self.ctx.plan.identity, frontier={f"rank-{self.ctx.rank}": frontier},
-            state=digests,
-            totals={"completion_tokens": self.ctx.tokens_used, "completions": self.ctx.completions,
-                    "loss_tokens": self.ctx.loss_tokens, "stopped_by_budget": self.ctx.stopped_by_budget,
-                    **self.extra_totals()},
+            ckpt_dir, step=step, identity=self.ctx.plan.identity,
+            frontier={f"rank-{r}": e["frontier"] for r, e in enumerate(everyone)},
+            state={f"rank-{r}": e["state"] for r, e in enumerate(everyone)},
+            totals={**totals, "loss_tokens": self.ctx.loss_tokens, "stopped_by_budget": self.ctx.stopped_by_budget},
+            rank_totals={f"rank-{r}": e["totals"] for r, e in enumerate(everyone)} if len(everyone) > 1 else None,
             permanent=final,
         )
         self.published.append(step)

@@ -10,13 +10,14 @@ complete checkpoints plus the permanent ones (final).
 from __future__ import annotations
 
 import logging
+import os
 import re
 import shutil
 from pathlib import Path
 from typing import Any
 
 from harness.identity import sha256_file
-from harness.rundir import atomic_write_json, now, read_json
+from harness.rundir import atomic_write_json, fsync_dir, now, read_json
 
 CHECKPOINT_MANIFEST = "harness_checkpoint.json"
 CHECKPOINTS_DIR = "checkpoints"
@@ -33,7 +34,7 @@ def file_digests(ckpt_dir: Path) -> dict[str, dict[str, Any]]:
 
 
 def publish(ckpt_dir: Path, *, step: int, identity: dict, frontier: dict, state: dict, totals: dict,
-            permanent: bool) -> dict:
+            permanent: bool, rank_totals: dict | None = None) -> dict:
     """Write harness_checkpoint.json last: from now on the checkpoint counts."""
     manifest = {
         "version": 1,
@@ -44,7 +45,8 @@ def publish(ckpt_dir: Path, *, step: int, identity: dict, frontier: dict, state:
         "files": file_digests(ckpt_dir),
         "frontier": frontier,
         "state_digests": state,
-        "totals": totals,
+        "totals": totals,  # all ranks together
+        **({"rank_totals": rank_totals} if rank_totals else {}),  # multi-process: each rank's own counters
     }
     atomic_write_json(ckpt_dir / CHECKPOINT_MANIFEST, manifest)
     return manifest
@@ -91,11 +93,24 @@ def complete_checkpoints(run_dir: Path) -> list[Path]:
 
 def apply_retention(run_dir: Path, keep_last: int) -> list[str]:
     """Delete complete checkpoints beyond the latest `keep_last`, except permanent ones."""
+    clean_removals(run_dir)
     complete = complete_checkpoints(run_dir)
     removed = []
     for p in complete[:-keep_last] if keep_last > 0 else complete:
         if read_json(p / CHECKPOINT_MANIFEST).get("permanent"):
             continue
-        shutil.rmtree(p)
+        # Out of the checkpoint namespace first (one atomic rename), then delete: a process killed in the
+        # middle of rmtree would otherwise leave a published manifest over missing files.
+        doomed = p.with_name(f".removing-{p.name}")
+        os.replace(p, doomed)
+        fsync_dir(p.parent)
+        shutil.rmtree(doomed)
         removed.append(p.name)
     return removed
+
+
+def clean_removals(run_dir: Path) -> None:
+    """Finish removals that a killed process left half done (renamed out of the namespace, not yet deleted)."""
+    root = Path(run_dir) / CHECKPOINTS_DIR
+    for stale in root.glob(".removing-checkpoint-*") if root.is_dir() else []:
+        shutil.rmtree(stale, ignore_errors=True)

@@ -208,6 +208,38 @@ def cuda_visible() -> bool:
     return Path("/dev/nvidiactl").exists() or shutil.which("nvidia-smi") is not None
 
 
+REPO = Path(__file__).resolve().parents[1]
+
+
+def check_sharded_placement(cfg: Config, out: Findings) -> None:
+    """ddp / fsdp / deepspeed: the Accelerate file exists, the GPU-only placements see a GPU, and the arm's
+    forwards suit the sharding."""
+    p, a = cfg.placement, cfg.arm
+    if p.accelerate_config and not (REPO / p.accelerate_config).is_file():
+        out.error("placement.accelerate_config", p.accelerate_config, "no such file in the repository",
+                  "use a placement option (conf/placement/*.yaml) or point at an Accelerate config under accelerate/")
+    sharded = p.kind is PlacementKind.fsdp or (p.kind is PlacementKind.deepspeed and p.zero_stage == 3)
+    if p.kind is PlacementKind.deepspeed:
+        if p.zero_stage not in (2, 3):
+            out.error("placement.zero_stage", p.zero_stage, "DeepSpeed runs ZeRO stage 2 or 3 here",
+                      "use placement=deepspeed (ZeRO-2) or placement=deepspeed_zero3")
+        if importlib.util.find_spec("deepspeed") is None:
+            out.error("placement", p.name, "deepspeed is not installed", "pip install deepspeed, or use placement=ddp/fsdp")
+    elif p.zero_stage is not None:
+        out.error("placement.zero_stage", p.zero_stage, f"applies to DeepSpeed only (placement={p.name})",
+                  "unset it, or use placement=deepspeed / deepspeed_zero3")
+    if p.kind in (PlacementKind.fsdp, PlacementKind.deepspeed) and not cuda_visible():
+        # measured: on CPU the Trainer makes MULTI_CPU ranks and ignores the FSDP plugin (plain data parallel)
+        out.error("placement", p.name, f"{p.kind.value} needs CUDA devices and none is visible (on CPU the Trainer "
+                  "would silently run plain data parallel instead)",
+                  "use placement=ddp on CPU (gloo), or run on a GPU node")
+    if sharded and isinstance(a, EviPoArm) and (a.lambda_direction > 0 or a.lambda_evidence > 0):
+        out.error("placement", p.name, "evi_po's extra forwards run on some ranks only (the direction term where a "
+                  "view's first completion is, the evidence term where FULL rows are); with sharded parameters every "
+                  "forward is a collective (all-gather), so the ranks would wait on each other forever",
+                  "use placement=ddp or deepspeed (ZeRO-2), where parameters are replicated")
+
+
 def check_rollout_and_placement(cfg: Config, out: Findings) -> None:
     r, p = cfg.rollout, cfg.placement
     if r.backend is RolloutBackend.vllm:
@@ -230,8 +262,7 @@ def check_rollout_and_placement(cfg: Config, out: Findings) -> None:
         out.error("placement.device", p.device, "must be auto, cpu or cuda", "use placement.device=auto")
     elif p.device == "cuda" and not cuda_visible():
         out.error("placement.device", p.device, "no CUDA device is visible", "use placement.device=auto or cpu")
-    if p.kind is PlacementKind.deepspeed and importlib.util.find_spec("deepspeed") is None:
-        out.error("placement", p.name, "deepspeed is not installed", "pip install deepspeed, or use placement=ddp/fsdp")
+    check_sharded_placement(cfg, out)
     if cfg.logger.wandb_mode not in ("online", "offline", "disabled"):
         out.error("logger.wandb_mode", cfg.logger.wandb_mode, "must be online, offline or disabled",
                   "use logger.wandb_mode=offline (no network here)")

@@ -56,16 +56,25 @@ def run(cfg: DictConfig, choices: dict | None = None, overrides: list[str] | Non
             return 0
         for w in plan.warnings:
             log.warning("warning: %s", w)
-        if plan.config["run_mode"] == "smoke":
-            from harness.smoke import smoke
-
-            return smoke(plan)
-        from harness.lifecycle import execute
-
-        return execute(plan)
+        return run_plan(plan)
     except HarnessError as exc:
         print(str(exc), file=sys.stderr)
         return exc.exit_code
+
+
+def run_plan(plan) -> int:
+    """Execute a checked plan: the smoke self-test, the driver of a multi-process job, or the lifecycle."""
+    if plan.config["run_mode"] == "smoke":
+        from harness.smoke import smoke
+
+        return smoke(plan)
+    from harness.launch import launch, needs_launch
+
+    if needs_launch(plan):
+        return launch(plan)
+    from harness.lifecycle import execute
+
+    return execute(plan)
 
 
 _FAILED_JOBS: list[int] = []  # filled by SweepCallback in the launching process
@@ -197,6 +206,24 @@ def compose_and_run(argv: list[str]) -> int:
 
 def main() -> None:
     argv = sys.argv[1:]
+    from harness.launch import plan_from_env
+
+    plan = plan_from_env()  # a rank started by the driver form: run exactly the plan it wrote
+    if plan is not None:
+        from harness.launch import report_exit
+
+        setup_logging()
+        code = 1
+        try:
+            code = run_plan(plan)
+        except HarnessError as exc:
+            print(str(exc), file=sys.stderr)
+            code = exc.exit_code
+        finally:
+            report_exit(code)  # the launcher's own exit code would hide the harness's (e.g. 5, 6)
+        if code:
+            raise SystemExit(code)
+        return
     if _needs_hydra_cli(argv):
         _entry()
         if _FAILED_JOBS:

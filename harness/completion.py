@@ -14,7 +14,7 @@ from collections import Counter
 from pathlib import Path
 
 from harness.accounting import METRICS_PATH, read_rows
-from harness.checkpoint import checkpoint_problems, complete_checkpoints, list_checkpoints
+from harness.checkpoint import CHECKPOINT_MANIFEST, checkpoint_problems, complete_checkpoints, list_checkpoints
 from harness.identity import sha256_file
 from harness.rundir import atomic_write_json, now, read_json
 
@@ -52,7 +52,10 @@ def ledger_summary(run_dir: Path, ranks: int = 1) -> dict:
             "malformed_completions": malformed}
 
 
-def write_completion(plan, run, *, ctx, trainer, train_out, evals: dict, wall_s: float, peak_rss_mb: float) -> dict:
+def write_completion(plan, run, *, ctx, trainer, train_out, evals: dict, wall_s: float, peak_rss_mb: float,
+                     ranks: list[dict] | None = None) -> dict:
+    """completion.json, written last by rank 0; `ranks`: every rank's own counters (gathered), which must
+    match that rank's ledger."""
     c = plan.config
     state = trainer.state
     out = {
@@ -73,16 +76,25 @@ def write_completion(plan, run, *, ctx, trainer, train_out, evals: dict, wall_s:
         "peak_cuda_mb": _peak_cuda_mb(),
         "completed_at": now(),
     }
+    ranks = ranks or [{"rank": 0, "completion_tokens": ctx.tokens_used, "completions": ctx.completions}]
+    out["world_size"] = len(ranks)
     if ctx.token_share is not None:
         out.update(ledger_summary(run.path, ctx.world))
         out["completion_token_ceiling"] = plan.budget["completion_token_ceiling"]
+        out["ranks"] = [{k: r[k] for k in ("rank", "completion_tokens", "completions")} for r in ranks]
         if out["realized_completion_tokens"] > out["completion_token_ceiling"]:
             raise RuntimeError(f"BUG: realized {out['realized_completion_tokens']} tokens > ceiling "
                                f"{out['completion_token_ceiling']}")
+        if sum(r["completion_tokens"] for r in ranks) != out["realized_completion_tokens"]:
+            raise RuntimeError(f"BUG: the ranks counted {[r['completion_tokens'] for r in ranks]} tokens, their "
+                               f"ledgers hold {out['realized_completion_tokens']}")
     else:
         plan_lt = trainer.harness_loss_token_plan
-        out.update(realized_loss_tokens=trainer.trained_loss_tokens, planned_loss_tokens=plan_lt["loss_tokens"],
+        trained = sum(r.get("trained_loss_tokens", 0) for r in ranks) if len(ranks) > 1 else trainer.trained_loss_tokens
+        out.update(realized_loss_tokens=trained, planned_loss_tokens=plan_lt["loss_tokens"],
                    loss_token_ceiling=plan.budget["loss_token_ceiling"], sft_rows=plan_lt["rows"])
+        if len(ranks) > 1:
+            out["ranks"] = [{"rank": r["rank"], "trained_loss_tokens": r.get("trained_loss_tokens", 0)} for r in ranks]
     atomic_write_json(run.path / COMPLETION, out)
     return out
 
@@ -123,6 +135,14 @@ def check_completion_accounting(run_dir: Path, m: dict) -> list[str]:
             out.append(f"{len(dup)} duplicate completion ids in the ledgers, e.g. {dup[0]}")
         if [r["completion_id"] for r in trows] != ids:
             out.append(f"trace rows ({len(trows)}) do not match ledger rows ({len(ids)}) one to one")
+        for rk in comp.get("ranks") or []:  # each rank's own count against its own ledger
+            lp = run_dir / "ledgers" / f"rank-{rk['rank']}.jsonl"
+            got = sum(r["tokens"] for r in read_rows(lp)) if lp.exists() else 0
+            if got != rk["completion_tokens"]:
+                out.append(f"ledgers/rank-{rk['rank']}.jsonl sums to {got} tokens, rank {rk['rank']} counted "
+                           f"{rk['completion_tokens']}")
+        if comp.get("world_size", 1) != len(ledgers):
+            out.append(f"{len(ledgers)} rank ledger(s) for world size {comp.get('world_size', 1)}")
     elif "realized_loss_tokens" in comp:
         if comp["realized_loss_tokens"] != comp["planned_loss_tokens"]:
             out.append(f"SFT trained on {comp['realized_loss_tokens']} loss tokens, the cap planned "
@@ -136,6 +156,12 @@ def check_checkpoints(run_dir: Path, m: dict) -> list[str]:
     out = []
     for p in list_checkpoints(run_dir):
         out += checkpoint_problems(p)
+    for p in complete_checkpoints(run_dir):  # data parallel: every rank holds the same weights and optimizer
+        ranks = read_json(p / CHECKPOINT_MANIFEST).get("state_digests") or {}
+        for part in ("params", "adapters", "optimizer"):
+            seen = {(d or {}).get(part) for d in ranks.values()}
+            if len(seen) > 1:
+                out.append(f"{p.name}: the ranks' {part} digests differ ({len(seen)} distinct): the replicas diverged")
     if m.get("status") == "completed" and not complete_checkpoints(run_dir):
         out.append("status is completed but no checkpoint was published")
     return out

@@ -17,6 +17,7 @@ Usage:
   python -m harness run_mode=smoke [overrides]              self-test: checkpoint, die, resume, verify
   python -m harness -m arm=grpo,papo seed=0,1,2             multirun sweep
   python -m harness -m sweep=arms_x_seeds                   a named sweep (sweeps/<name>.yaml)
+  python -m harness placement=ddp placement.num_processes=2  several ranks (accelerate launch as a child)
   python -m harness --cfg job [overrides]                   print the composed config
   python -m harness.verify RUN_DIR                          check a run directory's invariants
   python -m harness.eval RUN_DIR [split=val]                greedy eval of a finished run or checkpoint

@@ -19,6 +19,10 @@ log = logging.getLogger("harness")
 
 
 def execute(plan: Plan) -> int:
+    from harness import dist
+
+    if dist.is_multi():
+        return execute_rank(plan)
     with claim(plan) as run:
         if run.manifest["status"] == "completed":
             log.info("run %s is already complete; nothing to do.", plan.run_name)
@@ -38,6 +42,65 @@ def execute(plan: Plan) -> int:
             raise
         _summary(plan, completion)
         return 0
+
+
+def execute_rank(plan: Plan) -> int:
+    """One rank of a multi-process launch: rank 0 claims the run dir and tells the others what it found;
+    all ranks train together; rank 0 finalizes. A refusal on rank 0 ends every rank with its exit code."""
+    from harness import dist
+    from harness.errors import ConfigError, HarnessError, Problem
+    from harness.policy import device_of
+    from harness.rundir import RunDir
+
+    if dist.world_size() != plan.config["placement"]["num_processes"]:
+        raise ConfigError([Problem(
+            "placement.num_processes", plan.config["placement"]["num_processes"],
+            f"the launcher started {dist.world_size()} processes (WORLD_SIZE)",
+            f"launch with --num_processes {plan.config['placement']['num_processes']}, or set "
+            f"placement.num_processes={dist.world_size()} (the budget is split across exactly these ranks)")])
+    dist.init(device_of(plan))
+    main = dist.is_main()
+    if not main:
+        log.setLevel(logging.WARNING)  # one console: rank 0's
+    run, err, outcome = None, None, None
+    if main:
+        try:
+            run = claim(plan)
+            outcome = {"status": run.manifest["status"], "resumed": run.resumed}
+        except HarnessError as exc:
+            err, outcome = exc, {"error": type(exc).__name__, "code": exc.exit_code}
+    outcome = dist.broadcast(outcome)
+    if "error" in outcome:
+        if err is not None:
+            raise err
+        return outcome["code"]
+    try:
+        if outcome["status"] == "completed":
+            if main:
+                log.info("run %s is already complete; nothing to do.", plan.run_name)
+                _summary(plan, read_json(run.path / "completion.json"))
+            return 0
+        if main:
+            log.info("run dir: %s (%s; %d ranks)", run.path, f"existing, status {run.manifest['status']}"
+                     if run.resumed else "new", dist.world_size())
+            log.info("plan: arm=%s model=%s data=%s seed=%s; budget %s", plan.config["arm"]["name"],
+                     plan.config["model"]["name"], plan.config["data"]["name"], plan.config["seed"], _budget_line(plan))
+        else:
+            run = RunDir.follower(plan.run_dir, resumed=outcome["resumed"])
+        from harness.train import run_training
+
+        try:
+            completion = run_training(plan, run)
+        except BaseException as exc:
+            run.set_status("failed", error={"type": type(exc).__name__, "message": str(exc)[:2000],
+                                            "traceback": traceback.format_exc()[-4000:], "rank": dist.rank()})
+            raise
+        if main:
+            _summary(plan, completion)
+        return 0
+    finally:
+        if run is not None:
+            run.release()
 
 
 def _budget_line(plan: Plan) -> str:

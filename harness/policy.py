@@ -13,8 +13,8 @@ safetensors for tuning=full, plus the processor; both load back with `load_polic
 from __future__ import annotations
 
 import logging
+import os
 import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -61,7 +61,9 @@ def device_of(plan) -> str:
 
     want = plan.config["placement"]["device"]
     if want == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
+        want = "cuda" if torch.cuda.is_available() else "cpu"
+    if want == "cuda" and "LOCAL_RANK" in os.environ:  # a rank of a multi-process launch: its own GPU
+        return f"cuda:{int(os.environ['LOCAL_RANK'])}"
     return want
 
 
@@ -115,14 +117,28 @@ def apply_tuning(model, plan):
 
     cfg = LoraConfig(r=m["lora_r"], lora_alpha=m["lora_alpha"], lora_dropout=m["lora_dropout"],
                      target_modules=list(m["lora_target_modules"]), task_type="CAUSAL_LM")
-    return get_peft_model(model, cfg)
+    # ZeRO-3 gathers parameters into buffers of the first persistent parameter's dtype: PEFT's default fp32
+    # upcast of the adapter next to a bf16 base fails at the first optimizer step (TRL applies the same fix
+    # when it wraps the model itself; the harness wraps it here). NOTE(trl-1.16) grpo_trainer.py.
+    kw = {"autocast_adapter_dtype": False} if plan.config["placement"].get("zero_stage") == 3 else {}
+    return get_peft_model(model, cfg, **kw)
 
 
 def save_final_policy(trainer, run_dir: Path, *, base_path: str, plan) -> dict:
     """Save the trained policy atomically (temp dir, rename) with a digest manifest written last."""
+    from harness import dist
+
     final = run_dir / "final_policy"
-    tmp = Path(tempfile.mkdtemp(prefix=".final_policy.", dir=run_dir))
-    trainer.save_model(str(tmp))
+    tmp = run_dir / ".final_policy.partial"  # one path for every rank: sharded saves (FSDP) need them all
+    if dist.is_main():
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+    dist.barrier()
+    trainer.save_model(str(tmp))  # writes on the main process only (Trainer.args.should_save)
+    dist.barrier()
+    if not dist.is_main():
+        return None
     proc = trainer.processing_class
     proc.save_pretrained(str(tmp))
     files = {str(p.relative_to(tmp)): {"sha256": sha256_file(p), "size": p.stat().st_size}

@@ -95,6 +95,12 @@ class RunDir:
     manifest: dict
     resumed: bool
     _fd: int | None = field(default=None, repr=False)
+    writer: bool = True  # False on ranks > 0 of a multi-process launch: rank 0 writes the manifest
+
+    @classmethod
+    def follower(cls, path: Path, resumed: bool) -> "RunDir":
+        """A rank > 0's view of the run dir that rank 0 claimed: no lock, never writes the manifest."""
+        return cls(Path(path), read_json(Path(path) / MANIFEST), resumed=resumed, writer=False)
 
     @property
     def manifest_path(self) -> Path:
@@ -107,7 +113,8 @@ class RunDir:
         self.manifest["updated_at"] = now()
         self.manifest.update(extra)
         self.manifest["events"].append({"status": status, "at": now(), **holder_info()})
-        atomic_write_json(self.manifest_path, self.manifest)
+        if self.writer:
+            atomic_write_json(self.manifest_path, self.manifest)
 
     def release(self) -> None:
         if self._fd is not None:

@@ -295,6 +295,7 @@ class PlacementConfig:
     kind: PlacementKind = f(PlacementKind.single, "single | ddp | fsdp | deepspeed", semantic=False)
     num_processes: int = f(1, "processes (ranks) per job", semantic=False, ge=1)
     accelerate_config: Optional[str] = f(None, "Accelerate config file (accelerate/<placement>.yaml in the repo)", semantic=False)
+    zero_stage: Optional[int] = f(None, "DeepSpeed ZeRO stage, 2 or 3 (placement=deepspeed / deepspeed_zero3 only)", semantic=False)
     device: str = f("auto", "auto (cuda when present, else cpu) | cpu | cuda", semantic=False)
 
 

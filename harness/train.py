@@ -20,6 +20,7 @@ from pathlib import Path
 from arms import ARMS, build_trainer
 from arms.common import LOGGER_ENV, BuildContext
 from harness import checkpoint as ckpt
+from harness import dist
 from harness.accounting import METRICS_PATH, AppendLog, Frontier, ledger_path, trace_path
 from harness.callbacks import (BudgetCallback, CheckpointCallback, MetricsCallback, QuietProgressCallback,
                                RunContext)
@@ -78,7 +79,7 @@ def sft_parent(plan):
 def build_policy(plan, run: RunDir, corpus: list[str]) -> Policy:
     from harness.models import special_token_ids_to_suppress
 
-    base_path, base_ident = build_base(plan, corpus)
+    base_path, base_ident = dist.main_first(build_base, plan, corpus)  # rank 0 builds the cached model
     recorded = run.manifest["identity"]["model"].get("files_sha256")
     if recorded and base_ident.get("files_sha256") and recorded != base_ident["files_sha256"]:
         from harness.errors import FieldDiff, ResumeMismatchError
@@ -114,6 +115,11 @@ def ensure_parent(parent, poll_s: float = 2.0) -> None:
     from harness.errors import RunDirLocked
     from harness.lifecycle import execute
 
+    if dist.is_multi():  # every rank takes part (rank 0 claims); a complete parent returns at once
+        code = execute(parent)
+        if code:
+            raise RuntimeError(f"the SFT warm start {parent.run_dir} failed (exit {code})")
+        return
     waiting = False
     while _status(Path(parent.run_dir)) != "completed":
         try:
@@ -152,6 +158,14 @@ def close_loggers(trainer, ctx: RunContext, env_before: dict, *, failed: bool) -
             os.environ[k] = v
 
 
+def rank_totals(manifest: dict, rank: int) -> dict:
+    """This rank's counters recorded by a checkpoint (a single-process checkpoint has only `totals`)."""
+    if not manifest:
+        return {}
+    per_rank = manifest.get("rank_totals") or {}
+    return per_rank.get(f"rank-{rank}", manifest["totals"] if rank == 0 and not per_rank else {})
+
+
 def _status(run_dir: Path) -> str | None:
     try:
         return read_json(run_dir / "run_manifest.json").get("status")
@@ -188,21 +202,22 @@ def run_training(plan, run: RunDir) -> int:
     arm, is_rl = c["arm"], ARMS[c["arm"]["name"]].rl
     is_vlm = c["model"]["is_vlm"]
 
-    root = prepare_data(plan, run)
+    root = dist.main_first(prepare_data, plan, run)  # rank 0 builds the caches the others then read
     train_rows = load_split(root, c["data"]["train_split"])
     test_rows = eval_rows(load_split(root, c["data"]["eval_split"]), c["data"]["eval_max_items"])
     policy = build_policy(plan, run, corpus(train_rows + test_rows))
     run.set_status("running", init=policy.init)
 
-    ctx = RunContext(run_dir=run.path, plan=plan)
-    resume_from = _resume_point(plan, run)
-    fr = (read_json(resume_from / ckpt.CHECKPOINT_MANIFEST)["frontier"].get("rank-0", {}) if resume_from else {})
+    ctx = RunContext(run_dir=run.path, plan=plan, rank=dist.rank(), world=dist.world_size())
+    resume_from = dist.on_main(_resume_point, plan, run)  # one decision for all ranks
+    resume_manifest = read_json(resume_from / ckpt.CHECKPOINT_MANIFEST) if resume_from else {}
+    fr = resume_manifest.get("frontier", {}).get(f"rank-{ctx.rank}", {})
     opened = lambda key, rel: AppendLog(run.path, rel, Frontier.from_json(fr[key]) if key in fr else None)  # noqa: E731
-    ctx.metrics = opened("metrics", METRICS_PATH)
+    ctx.metrics = opened("metrics", METRICS_PATH) if dist.is_main() else None
     if is_rl:
-        ctx.ledger, ctx.trace = opened("ledger", ledger_path(0)), opened("trace", trace_path(0))
-        # the checkpoint recorded the counters at its frontier: no need to re-read the ledger
-        totals = read_json(resume_from / ckpt.CHECKPOINT_MANIFEST)["totals"] if resume_from else {}
+        ctx.ledger, ctx.trace = opened("ledger", ledger_path(ctx.rank)), opened("trace", trace_path(ctx.rank))
+        # the checkpoint recorded this rank's counters at its frontier: no need to re-read the ledger
+        totals = rank_totals(resume_manifest, ctx.rank)
         ctx.tokens_used, ctx.completions = totals.get("completion_tokens", 0), totals.get("completions", 0)
         ctx.token_share = plan.budget["completion_token_ceiling"] // ctx.world
         ctx.generate_every = arm["steps_per_generation"] * arm["num_iterations"]
@@ -214,10 +229,13 @@ def run_training(plan, run: RunDir) -> int:
                    batch_size=c["train"]["eval_batch_size"], suppress_token_ids=policy.suppress_token_ids,
                    eos_token_ids=policy.eos_token_ids)
     if is_rl and c["train"]["eval_before"] and not resume_from:
-        evals["before"] = run_eval(policy.model, policy.processor, root, test_rows, label="before",
-                                   policy=policy.init["path"], extra=_eval_extra(c, policy.init["path"]), **eval_kw)
-        log.info("eval before: accuracy %.3f on %d %s views", evals["before"]["accuracy"], evals["before"]["n"],
-                 c["data"]["eval_split"])
+        if dist.is_main():  # the other ranks hold the same weights; they wait
+            evals["before"] = run_eval(policy.model, policy.processor, root, test_rows, label="before",
+                                       policy=policy.init["path"], extra=_eval_extra(c, policy.init["path"]),
+                                       **eval_kw)
+            log.info("eval before: accuracy %.3f on %d %s views", evals["before"]["accuracy"],
+                     evals["before"]["n"], c["data"]["eval_split"])
+        dist.barrier()
 
     if is_rl:
         from harness.reward_fn import HarnessReward
@@ -239,9 +257,8 @@ def run_training(plan, run: RunDir) -> int:
     trainer_box.append(trainer)
     if not is_rl:
         ctx.loss_tokens = trainer.harness_loss_token_plan["loss_tokens"]
-        if resume_from is not None:  # continue the count of what was trained before the checkpoint
-            totals = read_json(resume_from / ckpt.CHECKPOINT_MANIFEST)["totals"]
-            trainer.trained_loss_tokens = totals.get("trained_loss_tokens", 0)
+        if resume_from is not None:  # continue this rank's count of what was trained before the checkpoint
+            trainer.trained_loss_tokens = rank_totals(resume_manifest, ctx.rank).get("trained_loss_tokens", 0)
     trainer.remove_callback(ProgressCallback)
     trainer.add_callback(QuietProgressCallback)
     from harness.smoke import install_kill_switch
@@ -255,7 +272,7 @@ def run_training(plan, run: RunDir) -> int:
         trainer.add_callback(audit)
         if c["model"]["tuning"] == "full" and not _stock_resume():
             load_full_weights_strictly(policy.model, resume_from)
-    final_manifest = read_json(resume_from / ckpt.CHECKPOINT_MANIFEST) if resume_from else {}
+    final_manifest = resume_manifest
     try:
         if final_manifest.get("permanent"):
             # Killed after its final checkpoint: training is over. Trainer.train would take one more step
@@ -269,7 +286,12 @@ def run_training(plan, run: RunDir) -> int:
         raise
     finally:  # also on failure: the next job of a sweep (same process) must not inherit open loggers
         close_loggers(trainer, ctx, env_before, failed=failed)
+    dist.barrier()  # every rank's ledger and trace are closed (fsynced) before rank 0 reads them
     save_final_policy(trainer, run.path, base_path=policy.base_path, plan=plan)
+    ranks = dist.all_gather({"rank": ctx.rank, "completion_tokens": ctx.tokens_used, "completions": ctx.completions,
+                             **({"trained_loss_tokens": trainer.trained_loss_tokens} if not is_rl else {})})
+    if not dist.is_main():
+        return None  # rank 0 evaluates and finalizes; no collective follows
     if c["train"]["eval_after"]:
         evals["after"] = run_eval(policy.model, policy.processor, root, test_rows, label="final",
                                   policy="final_policy", extra=_eval_extra(c, run.path / "final_policy"), **eval_kw)
@@ -278,7 +300,7 @@ def run_training(plan, run: RunDir) -> int:
     if "before" not in evals and (run.path / "eval" / f"{c['data']['eval_split']}-before.json").is_file():
         evals["before"] = read_json(run.path / "eval" / f"{c['data']['eval_split']}-before.json")
     completion = write_completion(plan, run, ctx=ctx, trainer=trainer, train_out=train_out, evals=evals,
-                                  wall_s=time.time() - t0, peak_rss_mb=_peak_rss_mb())
+                                  wall_s=time.time() - t0, peak_rss_mb=_peak_rss_mb(), ranks=ranks)
     run.set_status("completed")
     return completion
 
@@ -309,6 +331,7 @@ def _resume_point(plan, run: RunDir) -> Path | None:
     """
     from harness.accounting import Frontier, FrontierError, check_frontier
 
+    ckpt.clean_removals(run.path)
     chosen = None
     for p in reversed(ckpt.list_checkpoints(run.path)):
         problems = ckpt.checkpoint_problems(p)
@@ -324,6 +347,16 @@ def _resume_point(plan, run: RunDir) -> Path | None:
             continue
         chosen = p
         break
+    if chosen is not None:
+        ranks = len(read_json(chosen / ckpt.CHECKPOINT_MANIFEST)["frontier"])
+        if ranks != dist.world_size():
+            from harness.errors import RunDirStateError
+
+            raise RunDirStateError(
+                f"{chosen.name} of {run.path} was written by {ranks} rank(s), this launch has {dist.world_size()}: "
+                "each rank resumes its own ledger, RNG state and share of the token budget.\n"
+                f"    fix: resume with placement.num_processes={ranks} (and the same placement), or start a new run "
+                "(another output_root)")
     explicit = plan.config.get("resume_from")
     if explicit and (chosen is None or Path(explicit).resolve() != chosen.resolve()):
         from harness.errors import RunDirStateError

@@ -13,7 +13,7 @@ from harness.errors import ConfigError
 from harness.schema import SCHEMAS, Config, iter_fields
 from tests.conftest import CONF
 
-GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir())
+GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir() and p.name != "hydra")  # hydra/: launcher configs
 OPTIONS = [(g, y.stem) for g in GROUPS for y in sorted((CONF / g).glob("*.yaml"))]
 
 # Options this CPU machine refuses at plan time, and the field the refusal must name.
@@ -21,7 +21,9 @@ REFUSED_HERE = {
     ("model", "qwen"): "model.hub_id",  # no real checkpoint in the local HF cache
     ("rollout", "vllm_colocate"): "rollout",  # vllm not installed, no CUDA device
     ("rollout", "vllm_server"): "rollout",
-    ("placement", "deepspeed"): "placement",  # deepspeed not installed
+    ("placement", "deepspeed"): "placement",  # deepspeed not installed, no CUDA device
+    ("placement", "deepspeed_zero3"): "placement",
+    ("placement", "fsdp"): "placement",  # no CUDA device: the Trainer would silently run plain DDP
 }
 
 
@@ -34,7 +36,7 @@ def test_groups_are_the_designed_ones():
         "debug": ["tiny"],
         "logger": ["jsonl", "none", "tensorboard", "wandb"],
         "model": ["qwen", "tiny_lm", "tiny_vlm"],
-        "placement": ["ddp", "deepspeed", "fsdp", "single"],
+        "placement": ["ddp", "deepspeed", "deepspeed_zero3", "fsdp", "single"],
         "rollout": ["hf", "vllm_colocate", "vllm_server"],
     }
 
@@ -103,3 +105,38 @@ def test_schema_defaults_are_valid_values():
                                     ("le", d <= fld.metadata.get("le", d)), ("lt", d < fld.metadata.get("lt", d + 1))):
                         assert ok, f"{cls.__name__}.{path} default {d} violates {key}"
     assert dataclasses.is_dataclass(Config)
+
+
+@pytest.fixture
+def gpu_node(monkeypatch):
+    """Plan as on a GPU node with deepspeed installed (the plan checks are torch-free and look only at these)."""
+    import importlib.util
+
+    import harness.checks
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(harness.checks, "cuda_visible", lambda: True)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "deepspeed" else real(name, *a))
+
+
+@pytest.mark.parametrize("overrides, field", [
+    (["placement=fsdp", "arm=evi_po"], "placement"),  # evi_po's extra forwards differ per rank: sharded -> hang
+    (["placement=deepspeed_zero3", "arm=evi_po", "arm.lambda_evidence=0"], "placement"),
+    (["placement=ddp", "placement.zero_stage=3"], "placement.zero_stage"),
+    (["placement=deepspeed", "placement.zero_stage=1"], "placement.zero_stage"),
+    (["placement=ddp", "placement.accelerate_config=accelerate/nope.yaml"], "placement.accelerate_config"),
+])
+def test_placement_combinations_refused_on_a_gpu_node(gpu_node, plan_of, overrides, field):
+    with pytest.raises(ConfigError) as err:
+        plan_of(*overrides)
+    assert [p.field for p in err.value.problems] == [field], err.value.render()
+
+
+@pytest.mark.parametrize("overrides", [
+    ["placement=fsdp", "arm=papo"],  # papo's extra forwards run on every rank alike
+    ["placement=deepspeed_zero3", "arm=evi_po", "arm.lambda_direction=0", "arm.lambda_evidence=0"],
+    ["placement=deepspeed", "arm=evi_po"],  # ZeRO-2: parameters replicated, forwards local
+    ["placement=deepspeed_zero3", "model.tuning=lora"],
+])
+def test_placement_combinations_accepted_on_a_gpu_node(gpu_node, plan_of, overrides):
+    assert plan_of(*overrides).config["placement"]["kind"] in ("fsdp", "deepspeed")

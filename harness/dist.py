@@ -1,0 +1,108 @@
+"""The ranks of a multi-process launch (`accelerate launch ... -m harness`), as the lifecycle sees them.
+
+Every rank composes the same plan and derives the same run dir. Rank 0 claims the run dir (lock,
+manifest), prepares data and model caches, writes every shared file (manifest, metrics, checkpoint
+manifests, final policy, eval, completion); every rank writes its own ledger and trace
+(ledgers/rank-<r>.jsonl, traces/rank-<r>.jsonl). Decisions that one rank makes (claim outcome,
+resume point) are broadcast so all ranks act alike; collectives are called by every rank in the
+same order.
+
+The process group is initialized here, before the Trainer exists, with Accelerate's PartialState
+(gloo on CPU, nccl on GPU), so TrainingArguments later reuses it. A single process never imports
+torch.distributed through this module.
+"""
+
+from __future__ import annotations
+
+import os
+
+from harness.errors import HarnessError
+
+
+def world_size() -> int:
+    """Processes of this launch, from the launcher's environment (1 when not launched)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+def is_multi() -> bool:
+    return world_size() > 1
+
+
+def is_main() -> bool:
+    return rank() == 0
+
+
+def init(device: str) -> None:
+    """Initialize the process group once per process (no-op for a single process)."""
+    if not is_multi():
+        return
+    from accelerate import PartialState
+
+    PartialState(cpu=(device == "cpu"))
+
+
+def barrier() -> None:
+    if is_multi():
+        import torch.distributed as dist
+
+        dist.barrier()
+
+
+def broadcast(obj, src: int = 0):
+    """`obj` of rank `src` on every rank (a picklable object)."""
+    if not is_multi():
+        return obj
+    import torch.distributed as dist
+
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def all_gather(obj) -> list:
+    """Every rank's `obj`, in rank order, on every rank."""
+    if not is_multi():
+        return [obj]
+    import torch.distributed as dist
+
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+class RankAbort(HarnessError):
+    """Raised on ranks > 0 when rank 0 failed a decision it makes for everyone (rank 0 reports the error)."""
+
+    def __init__(self, exit_code: int, what: str):
+        self.exit_code = exit_code
+        super().__init__(f"rank {rank()}: stopping because rank 0 failed ({what})")
+
+
+def on_main(fn, *args, **kwargs):
+    """`fn` evaluated on rank 0 and its result broadcast. If it raises, rank 0 re-raises the error and the other
+    ranks raise RankAbort with its exit code, so no rank waits forever in a later collective."""
+    if not is_multi():
+        return fn(*args, **kwargs)
+    out, err = None, None
+    if is_main():
+        try:
+            out = fn(*args, **kwargs)
+        except BaseException as exc:  # noqa: BLE001 (told to the other ranks, then re-raised)
+            err = exc
+    msg = broadcast({"out": out, "failed": None if err is None else type(err).__name__,
+                     "code": getattr(err, "exit_code", 1)})
+    if err is not None:
+        raise err
+    if msg["failed"] is not None:
+        raise RankAbort(msg["code"], msg["failed"])
+    return msg["out"]
+
+
+def main_first(fn, *args, **kwargs):
+    """Run `fn` on rank 0, then on the other ranks (e.g. building a cache that the others then reuse)."""
+    out = on_main(fn, *args, **kwargs)
+    return fn(*args, **kwargs) if is_multi() and not is_main() else out

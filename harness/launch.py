@@ -1,0 +1,108 @@
+"""The driver form of a multi-process job: `python -m harness placement=ddp placement.num_processes=N ...`.
+
+Hydra runs once, in this outer process (so a multirun sweep of multi-process jobs works, and no rank
+makes its own `${now:}` folder). The outer process writes the resolved plan to
+<output_root>/launch/<run_name>/plan.json and starts `accelerate launch` with the placement's
+Accelerate config as a child; every rank loads that plan file (HARNESS_PLAN) instead of composing,
+so all ranks run exactly the plan that was printed and checked here. The child's exit code is the
+job's. Torch-free: the ranks import torch, this process does not.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from harness.rundir import atomic_write_json, read_json
+
+log = logging.getLogger("harness")
+PLAN_ENV = "HARNESS_PLAN"
+EXIT_ENV = "HARNESS_EXIT_FILE"  # rank 0 writes its exit code there
+REPO = Path(__file__).resolve().parents[1]
+
+
+def needs_launch(plan) -> bool:
+    """A training job asks for several processes but this is not one of their ranks."""
+    from harness import dist
+
+    c = plan.config
+    return c["placement"]["num_processes"] > 1 and not dist.is_multi() and c["mode"] == "train"
+
+
+def launch_command(plan) -> list[str]:
+    p = plan.config["placement"]
+    acc = str(REPO / p["accelerate_config"]) if p["accelerate_config"] else None
+    cmd = [sys.executable, "-m", "accelerate.commands.launch"]
+    if acc:
+        cmd += ["--config_file", acc]
+    # The harness sets precision itself (model.dtype -> TrainingArguments.bf16), not the launcher.
+    cmd += ["--num_processes", str(p["num_processes"]), "--num_machines", "1", "--dynamo_backend", "no",
+            "--mixed_precision", "no"]
+    if p["kind"] == "ddp":
+        # On a CPU node this gives MULTI_CPU ranks over gloo; `--cpu` would silently run ONE process (PLATFORM.md).
+        cmd += ["--multi_gpu"]
+    port = os.environ.get("MASTER_PORT") or str(_free_port())
+    cmd += ["--main_process_port", port, "-m", "harness"]
+    return cmd
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(plan) -> int:
+    """Write the plan, start the ranks, wait; the ranks' exit code is returned."""
+    plan_file = Path(plan.config["output_root"]) / "launch" / plan.run_name / "plan.json"
+    atomic_write_json(plan_file, plan.to_json())
+    cmd = launch_command(plan)
+    if shutil.which(sys.executable) is None:
+        raise RuntimeError(f"cannot find the Python interpreter {sys.executable}")
+    log.info("launching %d ranks (%s): %s", plan.config["placement"]["num_processes"],
+             plan.config["placement"]["name"], " ".join(cmd))
+    exit_file = plan_file.with_name("exit_code")
+    exit_file.unlink(missing_ok=True)
+    env = {**os.environ, PLAN_ENV: str(plan_file), EXIT_ENV: str(exit_file)}
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, start_new_session=True)
+    try:
+        code = proc.wait()
+        if exit_file.is_file():  # rank 0's own code (the launcher reports 1 for any failed rank)
+            code = int(exit_file.read_text().strip() or code)
+        return code
+    except BaseException:  # Ctrl-C / a killed sweep: take the ranks down with us
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=30)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            os.killpg(proc.pid, signal.SIGKILL)
+        raise
+
+
+def report_exit(code: int) -> None:
+    """In a rank started by `launch`: rank 0 leaves its exit code for the driver."""
+    from harness import dist
+
+    path = os.environ.get(EXIT_ENV)
+    if path and dist.is_main():
+        Path(path).write_text(f"{int(code)}\n")
+
+
+def plan_from_env():
+    """In a rank started by `launch`: the plan the driver wrote, or None."""
+    path = os.environ.get(PLAN_ENV)
+    if not path:
+        return None
+    from harness.plan import Plan
+
+    d = read_json(path)
+    return Plan(config=d["config"], choices=d["choices"], identity=d["identity"], run_name=d["run_name"],
+                run_dir=d["run_dir"], budget=d["budget"], checkpoints=d["checkpoints"],
+                warnings=d.get("warnings", []), overrides=d.get("overrides", []))

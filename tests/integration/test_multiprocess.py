@@ -1,0 +1,140 @@
+"""Two ranks on this CPU (gloo), with the real trainers: `accelerate launch ... -m harness`, the driver form
+`python -m harness placement=ddp ...`, resume after a kill, a multirun of multi-process jobs, and evi_po with
+ranks that run different numbers of forwards. Every launch has a timeout that proves it did not hang."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.accounting import read_rows
+from harness.verify import verify
+from tests.conftest import REPO, run_harness
+
+pytestmark = pytest.mark.multiprocess
+LAUNCH = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+          "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+
+
+def accelerate_launch(*overrides: str, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
+    """The acceptance command: accelerate launch --multi_gpu --num_processes 2 ... -m harness <overrides>."""
+    return subprocess.run([*LAUNCH, "-m", "harness", *overrides], cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})})
+
+
+def _run(out: Path, arm: str) -> Path:
+    (d,) = [p for p in (out / "runs").iterdir() if p.name.startswith(arm + "-")]
+    return d
+
+
+def check_two_rank_run(run: Path) -> dict:
+    comp = json.loads((run / "completion.json").read_text())
+    assert comp["status"] == "completed" and comp["world_size"] == 2
+    for rk in comp["ranks"]:
+        rows = list(read_rows(run / "ledgers" / f"rank-{rk['rank']}.jsonl"))
+        assert rows and sum(r["tokens"] for r in rows) == rk["completion_tokens"]
+        assert len(rows) == rk["completions"]
+    assert sum(rk["completion_tokens"] for rk in comp["ranks"]) == comp["realized_completion_tokens"] \
+        <= comp["completion_token_ceiling"]
+    assert verify(run) == []  # incl. unique ids across ranks, and equal replicas in every checkpoint
+    return comp
+
+
+@pytest.mark.parametrize("arm, extra", [
+    ("grpo", []),
+    ("papo", []),
+    # 4 micro-batches per step: rank 0 holds every view's first completion, so only rank 0 runs the
+    # direction forward through the DDP model (84 vs 52 forwards, counted); with DDP's buffer broadcast
+    # per forward this configuration hung.
+    ("evi_po", ["arm.gradient_accumulation_steps=4"]),
+])
+def test_accelerate_launch_two_ranks(tmp_path, arm, extra):
+    proc = accelerate_launch(f"arm={arm}", "debug=tiny", "placement=ddp", f"output_root={tmp_path}", *extra)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    run = _run(tmp_path, arm)
+    check_two_rank_run(run)
+    ckpts = sorted((run / "checkpoints").glob("checkpoint-*"))
+    manifest = json.loads((ckpts[-1] / "harness_checkpoint.json").read_text())
+    assert set(manifest["frontier"]) == set(manifest["state_digests"]) == set(manifest["rank_totals"]) == \
+        {"rank-0", "rank-1"}
+    assert (ckpts[-1] / "rng_state_0.pth").is_file() and (ckpts[-1] / "rng_state_1.pth").is_file()
+    parent = Path(json.loads((run / "run_manifest.json").read_text())["parent"]["run_dir"])
+    sft = json.loads((parent / "completion.json").read_text())
+    assert sft["world_size"] == 2 and sft["realized_loss_tokens"] == sft["planned_loss_tokens"] == \
+        sum(r["trained_loss_tokens"] for r in sft["ranks"])
+
+
+def test_driver_form_and_resume_after_a_kill(tmp_path):
+    """`python -m harness placement=ddp placement.num_processes=2`: Hydra in this process, the ranks in an
+    accelerate child. Killed (SIGKILL, every rank) in the step after checkpoint 2 and run again: both ranks'
+    audits pass and the run is bitwise the uninterrupted one (ledgers and final weights)."""
+    args = ["arm=evi_po", "placement=ddp", "placement.num_processes=2", "debug=tiny"]
+    whole = tmp_path / "whole"
+    proc = run_harness(*args, f"output_root={whole}", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "launching 2 ranks" in proc.stderr
+    reference = _run(whole, "evi_po")
+    check_two_rank_run(reference)
+    assert (whole / "launch" / reference.name / "plan.json").is_file()
+
+    cut = tmp_path / "cut"
+    kill = {"HARNESS_SMOKE_KILL_RUN": reference.name, "HARNESS_SMOKE_KILL_STEP": "3"}
+    first = run_harness(*args, f"output_root={cut}", env=kill, timeout=300)
+    assert first.returncode != 0
+    run = _run(cut, "evi_po")
+    assert not (run / "completion.json").exists()
+    second = run_harness(*args, f"output_root={cut}", timeout=300)
+    assert second.returncode == 0, second.stderr[-4000:]
+    assert "resuming from checkpoint-2" in second.stderr
+    audits = sorted(p.name for p in (run / "audits").iterdir())
+    assert audits == ["resume-1-rank-0.json", "resume-1-rank-1.json"]
+    for a in audits:
+        assert json.loads((run / "audits" / a).read_text())["status"] == "passed"
+    check_two_rank_run(run)
+    for r in (0, 1):
+        ids = lambda d: [(x["completion_id"], x["tokens"]) for x in read_rows(d / f"ledgers/rank-{r}.jsonl")]  # noqa
+        assert ids(run) == ids(reference)
+    assert (run / "final_policy/model.safetensors").read_bytes() == \
+        (reference / "final_policy/model.safetensors").read_bytes()
+
+
+def test_multirun_of_two_rank_jobs(tmp_path):
+    proc = run_harness("-m", "arm=sft", "seed=0,1", "placement=ddp", "debug=tiny", "budget.max_steps=4",
+                       f"output_root={tmp_path}", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    (sweep,) = (tmp_path / "sweeps").iterdir()
+    summary = json.loads((sweep / "sweep.json").read_text())
+    assert summary["completed"] == 2
+    for job in summary["runs"]:
+        comp = json.loads((Path(job["run_dir"]) / "completion.json").read_text())
+        assert comp["world_size"] == 2 and comp["optimizer_steps"] == 4
+
+
+def test_world_size_must_match_the_placement(tmp_path):
+    proc = accelerate_launch("debug=tiny", f"output_root={tmp_path}", timeout=120)
+    assert proc.returncode != 0
+    assert "placement.num_processes = 1" in proc.stderr and "--num_processes 1" in proc.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_resume_with_another_world_size_is_refused(tmp_path):
+    args = ["arm=sft", "debug=tiny", "budget.max_steps=6", f"output_root={tmp_path}"]
+    plan = json.loads(run_harness("mode=plan", *args).stdout)
+    first = run_harness(*args, env={"HARNESS_SMOKE_KILL_RUN": plan["run_name"], "HARNESS_SMOKE_KILL_STEP": "3"},
+                        timeout=300)
+    assert first.returncode != 0
+    again = run_harness(*args, "placement=ddp", timeout=300)
+    assert again.returncode == 5, again.stderr[-3000:]
+    assert "written by 1 rank(s), this launch has 2" in again.stderr and "placement.num_processes=1" in again.stderr
+
+
+def test_smoke_self_test_with_two_ranks(tmp_path):
+    proc = run_harness("run_mode=smoke", "placement=ddp", "arm=grpo", "debug=tiny", f"output_root={tmp_path}",
+                       timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "first launch (2 ranks) killed by SIGKILL" in proc.stderr and "smoke: passed" in proc.stderr
