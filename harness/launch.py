@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -64,8 +63,6 @@ def launch(plan) -> int:
     plan_file = Path(plan.config["output_root"]) / "launch" / plan.run_name / "plan.json"
     atomic_write_json(plan_file, plan.to_json())
     cmd = launch_command(plan)
-    if shutil.which(sys.executable) is None:
-        raise RuntimeError(f"cannot find the Python interpreter {sys.executable}")
     log.info("launching %d ranks (%s): %s", plan.config["placement"]["num_processes"],
              plan.config["placement"]["name"], " ".join(cmd))
     exit_file = plan_file.with_name("exit_code")
@@ -74,8 +71,8 @@ def launch(plan) -> int:
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, start_new_session=True)
     try:
         code = proc.wait()
-        if exit_file.is_file():  # rank 0's own code (the launcher reports 1 for any failed rank)
-            code = int(exit_file.read_text().strip() or code)
+        if code and exit_file.is_file():  # rank 0's own code is more precise than the launcher's 1 ...
+            code = int(exit_file.read_text().strip() or 0) or code  # ... unless rank 0 succeeded and another failed
         return code
     except BaseException:  # Ctrl-C / a killed sweep: take the ranks down with us
         try:

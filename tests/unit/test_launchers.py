@@ -5,7 +5,9 @@ command line."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
+import pytest
 from omegaconf import OmegaConf
 
 from tests.conftest import run_harness
@@ -61,3 +63,29 @@ def test_driver_command_line(plan_of):
     assert cmd[cmd.index("--num_processes") + 1] == "2" and "--multi_gpu" in cmd  # --cpu would run ONE process
     assert cmd[cmd.index("--config_file") + 1].endswith("accelerate/ddp.yaml")
     assert cmd[cmd.index("--mixed_precision") + 1] == "no"
+
+
+
+@pytest.mark.parametrize("launcher_code, rank0, expected", [
+    (0, "0", 0),
+    (1, "5", 5),  # rank 0's own code (e.g. RunDirStateError) instead of the launcher's generic 1
+    (1, "0", 1),  # rank 0 finished but another rank failed: still a failure
+    (1, None, 1),  # rank 0 was killed before it could write its code
+])
+def test_driver_exit_code(plan_of, monkeypatch, launcher_code, rank0, expected):
+    import harness.launch as L
+
+    plan = plan_of("placement=ddp")
+
+    class FakeProc:
+        pid = 0
+
+        def __init__(self, cmd, env, **kw):
+            if rank0 is not None:
+                Path(env[L.EXIT_ENV]).write_text(rank0 + "\n")
+
+        def wait(self, timeout=None):
+            return launcher_code
+
+    monkeypatch.setattr(L.subprocess, "Popen", FakeProc)
+    assert L.launch(plan) == expected
