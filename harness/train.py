@@ -272,18 +272,15 @@ def run_training(plan, run: RunDir) -> int:
         trainer.add_callback(audit)
         if c["model"]["tuning"] == "full" and not _stock_resume():
             load_full_weights_strictly(policy.model, resume_from)
-    final_manifest = resume_manifest
+    failed = True
     try:
-        if final_manifest.get("permanent"):
+        if resume_manifest.get("permanent"):
             # Killed after its final checkpoint: training is over. Trainer.train would take one more step
             # (it checks max_steps at step end), so restore the final weights and state and go on to finalize.
-            train_out = finish_from_final_checkpoint(trainer, policy.model, resume_from, final_manifest, ctx, c, run)
+            train_out = finish_from_final_checkpoint(trainer, policy.model, resume_from, resume_manifest, ctx, c, run)
         else:
             train_out = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
         failed = False
-    except BaseException:
-        failed = True
-        raise
     finally:  # also on failure: the next job of a sweep (same process) must not inherit open loggers
         close_loggers(trainer, ctx, env_before, failed=failed)
     dist.barrier()  # every rank's ledger and trace are closed (fsynced) before rank 0 reads them
@@ -337,8 +334,9 @@ def _resume_point(plan, run: RunDir) -> Path | None:
         problems = ckpt.checkpoint_problems(p)
         if not problems:
             try:
-                for fr in read_json(p / ckpt.CHECKPOINT_MANIFEST)["frontier"].get("rank-0", {}).values():
-                    check_frontier(run.path, Frontier.from_json(fr))
+                for rank_frontier in read_json(p / ckpt.CHECKPOINT_MANIFEST)["frontier"].values():
+                    for fr in rank_frontier.values():  # every rank's ledger, trace (and rank 0's metrics)
+                        check_frontier(run.path, Frontier.from_json(fr))
             except FrontierError as exc:
                 problems = [f"{p.name}: {exc}"]
         if problems:
