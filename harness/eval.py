@@ -31,7 +31,6 @@ from harness.rundir import read_json
 
 log = logging.getLogger("harness")
 KEYS = ("split", "policy", "max_items", "batch_size", "max_new_tokens")
-SETTINGS = ("policy_sha256", "n", "decoding")  # what makes two artifacts of one name the same evaluation
 
 
 def _fail(field: str, value, why: str, fix: str) -> ConfigError:
@@ -114,7 +113,7 @@ def resolve(run_dir: Path, opts: dict) -> SimpleNamespace:
         if problems:
             raise _fail("policy", policy, "the checkpoint is not intact: " + "; ".join(problems),
                         "pick another published checkpoint (harness.verify lists them)")
-        label = name = f"checkpoint-{int(step)}"
+        label = f"checkpoint-{int(step)}"
         name = f"{split}-{label}"
     train = c["train"]
     return SimpleNamespace(
@@ -128,14 +127,11 @@ def resolve(run_dir: Path, opts: dict) -> SimpleNamespace:
 def existing(job: SimpleNamespace, force: bool) -> dict | None:
     """The artifact already there for the same evaluation, or None to (re)compute. Refuses to replace one
     made with other settings unless forced."""
-    if not job.out.is_file():
+    if force or not job.out.is_file():
         return None
     old = read_json(job.out)
-    if force:
-        return None
     same_policy = old.get("policy_sha256") == job.policy_sha256 and job.policy_sha256 is not None
-    want_n = job.max_items
-    same_n = want_n is None and old.get("max_items") is None or old.get("max_items") == want_n
+    same_n = "max_items" in old and old["max_items"] == job.max_items  # None (the whole split) included
     same_dec = (old.get("decoding") or {}).get("max_new_tokens") == job.max_new_tokens
     if same_policy and same_n and same_dec:
         return old

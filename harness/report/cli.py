@@ -16,6 +16,7 @@ from pathlib import Path
 from harness.errors import HarnessError
 from harness.report.compare import Group, build_groups, describe_key, jsonable_fields, paired, resolve_baseline
 from harness.report.runs import Run, budget_kind, discover, read_run
+from harness.rundir import atomic_write_bytes
 
 SOURCE_TEXT = {"sweep": "a sweep folder: the runs its jobs/<n>.json point at",
                "output_root": "an output_root: every run under runs/, every job under sweeps/",
@@ -88,7 +89,6 @@ def build_report(directory: Path, baseline: str = "grpo", out: Path | None = Non
     split = split_set[0] if len(split_set) == 1 else (", ".join(split_set) or None)
 
     from harness.report import plots as P  # matplotlib only when there is something to draw
-    from harness.report.plots import write_shared
 
     groups_json = []
     for g in groups:
@@ -141,9 +141,9 @@ def build_report(directory: Path, baseline: str = "grpo", out: Path | None = Non
     }
     from harness.report.render import markdown
 
-    write_shared(out / "report.json", (json.dumps(rep, indent=2, allow_nan=False) + "\n").encode("utf-8"))
+    atomic_write_bytes(out / "report.json", (json.dumps(rep, indent=2, allow_nan=False) + "\n").encode("utf-8"))
     md = out / "report.md"
-    write_shared(md, markdown(rep).encode("utf-8"))  # last: its presence means the rest is there
+    atomic_write_bytes(md, markdown(rep).encode("utf-8"))  # last: its presence means the rest is there
     return rep, md
 
 

@@ -51,16 +51,11 @@ def styles(conditions: list[Condition]) -> dict[str, dict]:
     return out
 
 
-def write_shared(path: Path, data: bytes) -> None:
-    """Atomic write (with the permissions of a plain file)."""
-    atomic_write_bytes(path, data)
-
-
 def _save(fig, path: Path) -> None:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=DPI, bbox_inches="tight")
     plt.close(fig)
-    write_shared(path, buf.getvalue())
+    atomic_write_bytes(path, buf.getvalue())
 
 
 def _kilo(x, _pos) -> str:
