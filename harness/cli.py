@@ -39,10 +39,12 @@ def setup_logging() -> None:
 def run(cfg: DictConfig, choices: dict | None = None, overrides: list[str] | None = None,
         multirun: bool = False) -> int:
     """One job: plan, then print it or execute it. Returns the process exit code."""
+    from harness.overrides import strict_check
     from harness.plan import build_plan, plan_json
 
     setup_logging()
     try:
+        strict_check(cfg, overrides)  # a key the schema lacks, even with + or ++, is an error (exit 2)
         if (choices or {}).get("sweep") and not multirun:
             from harness.errors import ConfigError, Problem
 
@@ -153,29 +155,33 @@ def _needs_hydra_cli(argv: list[str]) -> bool:
     return any(a.startswith("-") or a.lstrip("+~").startswith("hydra") for a in argv)
 
 
-def _chain(exc: BaseException) -> str:
-    """The message and its direct cause, as hydra.main prints them (Hydra wraps the useful part)."""
-    parts = [str(exc).strip()]
-    if exc.__cause__ is not None and str(exc.__cause__).strip() not in parts[0]:
-        parts.append(str(exc.__cause__).strip())
-    return "\n".join(parts)
-
-
 def compose(argv: list[str]):
-    """(config without the hydra node, group choices) composed once with Hydra's compose API."""
+    """(config without the hydra node, group choices) composed once with Hydra's compose API.
+
+    Strict: a compose error of Hydra or OmegaConf, and an override key the schema lacks (`+`/`++` included),
+    raise a ConfigError in the house form (harness/overrides.py).
+    """
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
     from omegaconf import open_dict
+    from omegaconf.errors import OmegaConfBaseException
 
-    if GlobalHydra.instance().is_initialized():  # inside a Hydra app (e.g. a multirun job): same search path
-        cfg = hydra_compose(config_name="config", overrides=argv, return_hydra_config=True)
-    else:
-        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3", job_name="harness"):
+    from harness.overrides import explain_compose_error, strict_check
+
+    try:
+        if GlobalHydra.instance().is_initialized():  # inside a Hydra app (e.g. a multirun job): same search path
             cfg = hydra_compose(config_name="config", overrides=argv, return_hydra_config=True)
+        else:
+            with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3", job_name="harness"):
+                cfg = hydra_compose(config_name="config", overrides=argv, return_hydra_config=True)
+    except (HydraException, OmegaConfBaseException, ValueError) as exc:  # ValueError: e.g. group=null
+        raise explain_compose_error(exc, argv) from None
     choices = dict(cfg.hydra.runtime.choices)
     with open_dict(cfg):
         del cfg["hydra"]
+    strict_check(cfg, argv)
     return cfg, choices
 
 
@@ -193,15 +199,49 @@ def compose_and_run(argv: list[str]) -> int:
     `hydra.main` composes every config twice (once to read hydra.mode); a single run does not
     need that, and each rank of a multi-process launch pays the start-up cost again.
     """
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
     try:
         cfg, choices = compose(argv)
-    except (HydraException, OmegaConfBaseException) as exc:
-        print(_chain(exc) + "\n(config error at compose time; see `python -m harness --help`)", file=sys.stderr)
-        return 1
+    except HarnessError as exc:
+        print(str(exc), file=sys.stderr)
+        return exc.exit_code
     return run(cfg, choices, argv)
+
+
+def precheck_hydra_cli(argv: list[str]) -> int:
+    """Before hydra.main composes (flags, hydra.* overrides, -m): the same strict check as a plain run.
+
+    hydra.main would print Hydra's raw text and exit 1, or accept a `+`/`++` key the schema lacks. A single
+    job is composed here once with the compose API (hydra.* overrides left to Hydra); a multirun is checked
+    without composing: what no job of it could compose (each job refuses its own `+`/`++` keys, recorded as
+    a failed job of the sweep). Returns 0 when hydra.main may go on, else the exit code (the error printed).
+    """
+    from hydra._internal.utils import get_args_parser
+
+    try:
+        args = get_args_parser().parse_args(argv)
+    except SystemExit:  # a bad flag: Hydra's own usage message says it
+        return 0
+    if any(getattr(args, a, None) for a in ("hydra_help", "shell_completion", "experimental_rerun", "config_path",
+                                             "config_name", "config_dir")):
+        return 0  # nothing of this config is composed, or another config is
+    from harness.errors import ConfigError
+    from harness.overrides import check_static, is_hydra_key
+
+    overrides = list(args.overrides or [])
+    job = [o for o in overrides if not is_hydra_key(o.lstrip("+~"))]
+    multirun = args.multirun or any(o.replace(" ", "").lower() == "hydra.mode=multirun" for o in overrides)
+    try:
+        if multirun:
+            problems = check_static(job)
+            if problems:
+                raise ConfigError(problems)
+        else:
+            compose(job)
+    except HarnessError as exc:
+        setup_logging()
+        print(str(exc), file=sys.stderr)
+        return exc.exit_code
+    return 0
 
 
 def main() -> None:
@@ -225,6 +265,9 @@ def main() -> None:
             raise SystemExit(code)
         return
     if _needs_hydra_cli(argv):
+        code = precheck_hydra_cli(argv)
+        if code:
+            raise SystemExit(code)
         _entry()
         if _FAILED_JOBS:
             log.error("sweep finished with %d failed job(s): %s (see <sweep dir>/jobs/)", len(_FAILED_JOBS),
