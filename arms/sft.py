@@ -41,7 +41,7 @@ def build_trainer(ctx: BuildContext):
 
     c = ctx.plan.config
     a = c["arm"]
-    per_device = max(1, a["batch_size"] // (ctx.world * a["gradient_accumulation_steps"]))
+    per_device = a["batch_size"] // (ctx.world * a["gradient_accumulation_steps"])  # the plan refused a remainder
     args = SFTConfig(
         **training_kwargs(ctx),
         per_device_train_batch_size=per_device,
@@ -66,6 +66,8 @@ def apply_loss_token_cap(trainer, ctx: BuildContext) -> None:
     ds = trainer.train_dataset
     counts, total = [], 0
     max_len = c["arm"]["max_length"]
+    # what cuts the prefix (completion.json `stopped_by`): the loss-token cap ("budget"), max_steps, or the epoch
+    limit = "max_steps" if max_steps * rows_per_step < len(ds) else "epoch_end"
     for i in range(min(len(ds), max_steps * rows_per_step)):
         batch = trainer.data_collator([dict(ds[i])])
         if batch["input_ids"].shape[1] >= max_len:
@@ -75,6 +77,7 @@ def apply_loss_token_cap(trainer, ctx: BuildContext) -> None:
             )
         n = loss_tokens(batch["labels"])
         if total + n > cap:
+            limit = "budget"
             break
         counts.append(n)
         total += n
@@ -84,4 +87,4 @@ def apply_loss_token_cap(trainer, ctx: BuildContext) -> None:
     steps = math.ceil(len(counts) / rows_per_step)
     trainer.args.max_steps = steps
     trainer.harness_loss_token_plan = {"rows": len(counts), "loss_tokens": total, "steps": steps,
-                                       "per_row": counts}
+                                       "per_row": counts, "limit": limit}

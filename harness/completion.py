@@ -92,7 +92,10 @@ def write_completion(plan, run, *, ctx, trainer, train_out, evals: dict, wall_s:
         plan_lt = trainer.harness_loss_token_plan
         trained = sum(r.get("trained_loss_tokens", 0) for r in ranks) if len(ranks) > 1 else trainer.trained_loss_tokens
         out.update(realized_loss_tokens=trained, planned_loss_tokens=plan_lt["loss_tokens"],
-                   loss_token_ceiling=plan.budget["loss_token_ceiling"], sft_rows=plan_lt["rows"])
+                   loss_token_ceiling=plan.budget["loss_token_ceiling"], sft_rows=plan_lt["rows"],
+                   # the trainer's max_steps is the prefix's steps, so the Trainer's view says nothing: what cut
+                   # the prefix of the epoch (the loss-token cap, budget.max_steps, or the end of the epoch)
+                   stopped_by=plan_lt["limit"], stopped_by_source="sft_prefix")
         if len(ranks) > 1:
             out["ranks"] = [{"rank": r["rank"], "trained_loss_tokens": r.get("trained_loss_tokens", 0)} for r in ranks]
     atomic_write_json(run.path / COMPLETION, out)

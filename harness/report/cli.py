@@ -14,7 +14,9 @@ import sys
 from pathlib import Path
 
 from harness.errors import HarnessError
-from harness.report.compare import Group, build_groups, describe_key, jsonable_fields, paired, resolve_baseline
+from harness.report.budget import run_row, verdict
+from harness.report.compare import (Group, build_groups, data_key, describe_key, jsonable_fields, model_key, paired,
+                                    resolve_baseline)
 from harness.report.runs import Run, budget_kind, discover, read_run
 from harness.rundir import atomic_write_bytes
 
@@ -55,7 +57,32 @@ def _remove_stale_plots(out: Path, keep: set[str]) -> None:
             p.unlink()
 
 
-def _group_json(g: Group, plots: dict) -> dict:
+def _place_incomplete(groups: list[Group], runs: list[Run]) -> dict[int, list[tuple[str, Run]]]:
+    """Incomplete runs whose semantic config is a condition's: {id(condition): [(label, run)]}. A config found
+    in several groups goes to the group of the same data and model identity, else the first."""
+    placed: dict[int, list[tuple[str, Run]]] = {}
+    for r in runs:
+        key = json.dumps(r.semantic, sort_keys=True, default=str)
+        found = [(g, c) for g in groups for c in g.conditions if c.key == key]
+        if not found:
+            continue
+        same = [(g, c) for g, c in found if (g.data, g.model) == (data_key(r), model_key(r))]
+        g, c = (same or found)[0]
+        placed.setdefault(id(c), []).append((c.label, r))
+    return placed
+
+
+def _budget_rows(g: Group, placed: dict[int, list[tuple[str, Run]]]) -> list[dict]:
+    rows = []
+    for c in g.conditions:
+        rows += [run_row(r, c.label) for r in c.runs]
+        rows += [run_row(r, c.label, duplicate=True) for r in c.duplicates]
+        rows += [run_row(r, label) for label, r in placed.get(id(c), [])]
+    return rows
+
+
+def _group_json(g: Group, plots: dict, budget_rows: list[dict] | None = None) -> dict:
+    budget_rows = budget_rows or []
     return {
         "index": g.index, "data": describe_key(g.data), "model": describe_key(g.model),
         "data_key": g.data, "model_key": g.model,
@@ -69,6 +96,7 @@ def _group_json(g: Group, plots: dict) -> dict:
         } for c in g.conditions],
         "baseline": g.baseline.label if g.baseline else None, "baseline_note": g.baseline_note,
         "paired": g.paired, "plots": plots,
+        "budget_runs": budget_rows, "budget_bound": verdict(budget_rows),
     }
 
 
@@ -90,6 +118,8 @@ def build_report(directory: Path, baseline: str = "grpo", out: Path | None = Non
 
     from harness.report import plots as P  # matplotlib only when there is something to draw
 
+    placed = _place_incomplete(groups, [r for r in runs if not r.complete])
+    where = {id(r): (g.index, label) for g in groups for c in g.conditions for label, r in placed.get(id(c), [])}
     groups_json = []
     for g in groups:
         resolve_baseline(g, baseline)
@@ -101,7 +131,7 @@ def build_report(directory: Path, baseline: str = "grpo", out: Path | None = Non
                                                                      split or "eval"),
             "budget_use": P.budget_use(g, out / f"budget_use{sfx}.png"),
         }
-        groups_json.append(_group_json(g, drawn))
+        groups_json.append(_group_json(g, drawn, _budget_rows(g, placed)))
 
     _remove_stale_plots(out, {p["file"] for g in groups_json for p in g["plots"].values() if p.get("file")})
     identity_note = None
@@ -133,7 +163,9 @@ def build_report(directory: Path, baseline: str = "grpo", out: Path | None = Non
         "identity_note": identity_note,
         "groups": groups_json,
         "incomplete_runs": [{"run": r.name, "path": str(r.path), "arm": r.arm, "seed": r.seed, "status": r.status,
-                             "manifest_status": r.manifest.get("status")} for r in runs if not r.complete],
+                             "manifest_status": r.manifest.get("status"),
+                             "group": where.get(id(r), (None, None))[0], "condition": where.get(id(r), (None, None))[1]}
+                            for r in runs if not r.complete],
         "failed_jobs": [{"sweep": j.sweep, "sweep_name": Path(j.sweep).name, "job": j.job, "overrides": j.overrides,
                          "status": j.status, "exit_code": j.exit_code, "error": j.error, "run_dir": j.run_dir}
                         for j in source.jobs if j.status != "completed"],

@@ -98,6 +98,7 @@ def _group(rep: dict, g: dict) -> list[str]:
                     + [stopped, cell("perf/wall_time_s", c["metrics"]["perf/wall_time_s"])])
     out += _table(["condition", "budget kind"] + [t for _, t in TRAIN_METRICS[:5]] + ["stopped by", "wall time (s)"],
                   rows)
+    out += _budget_section(g, h)
     out += ["", f"{h} Paired comparison vs baseline", ""]
     if g["baseline"] is None:
         out.append(g["baseline_note"])
@@ -140,6 +141,47 @@ def _group(rep: dict, g: dict) -> list[str]:
     if any(c["budget_kind"] == "loss" for c in conds):
         out.append("SFT conditions are not in the budget plot: they train on a loss-token budget and sample no "
                    "completion tokens (their loss tokens are in the table above).")
+    return out
+
+
+def _stopped_cell(r: dict) -> str:
+    if not r["complete"]:
+        return DASH
+    if r["stopped_by"] is None:
+        return "not recorded"
+    if r["budget_kind"] == "loss" and r.get("sft_rows") is not None:
+        return f"{r['stopped_by']} ({r['sft_rows']:,} rows)"
+    return str(r["stopped_by"])
+
+
+def _budget_section(g: dict, h: str) -> list[str]:
+    rows = g.get("budget_runs") or []
+    if not rows:
+        return []
+    v = g["budget_bound"]
+    out = ["", f"{h} Budget per run", "", f"**{v['verdict']}**", "",
+           "A comparison is budget-bound when every RL run stopped because of budget.max_completion_tokens "
+           "(completion.json `stopped_by` = budget; max_steps only a safety cap) and their realized sampled tokens "
+           "lie within one generation round's bound of each other (plan: per_step_upper_bound × "
+           "arm.steps_per_generation, all ranks; the largest over the runs; runs of different ceilings are "
+           "compared within their ceiling). Tokens: sampled completion tokens (RL), loss tokens (SFT).", ""]
+    table = []
+    for r in rows:
+        status = r["status"] + (" (second run of this seed: not averaged)" if r["duplicate"] else "")
+        table.append([f"`{r['run']}`", r["condition"] or DASH, str(r["seed"]), status,
+                      _num("train/optimizer_steps", r["optimizer_steps"]) if r["optimizer_steps"] is not None else DASH,
+                      str(r["max_steps"]) if r["max_steps"] is not None else DASH, r["budget_kind"],
+                      _num("budget/tokens", r["tokens"]) if r["tokens"] is not None else DASH,
+                      _num("budget/ceiling", r["ceiling"]) if r["ceiling"] is not None else DASH,
+                      _num("budget/fraction", r["fraction"]) if r["fraction"] is not None else DASH,
+                      _stopped_cell(r)])
+    out += _table(["run", "condition", "seed", "status", "optimizer steps", "max steps", "token kind", "tokens",
+                   "ceiling", "% of ceiling", "stopped by"], table)
+    if any(r["budget_kind"] == "loss" for r in rows):
+        out += ["", "SFT runs train on the longest prefix of one epoch whose loss tokens fit the cap, cut at "
+                "max_steps: `stopped by` is max_steps when they ran budget.max_steps steps, else the loss-token "
+                "cap or the end of the epoch (completion.json does not tell those two apart; its own `stopped_by` "
+                "is the trainer's, kept in report.json as `stopped_by_recorded`)."]
     return out
 
 
@@ -190,6 +232,8 @@ def summary(rep: dict, md_path: str) -> str:
                          + (" (loss tok)" if c["budget_kind"] == "loss" else "")])
         widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
         lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
+        if (g.get("budget_bound") or {}).get("rl_runs"):
+            lines.append(g["budget_bound"]["verdict"])
     lines.append("cells: mean ± half-width of the 95% t interval over seeds; paired comparisons and plots in report.md")
     if rep["counts"]["incomplete"]:
         lines.append(f"{rep['counts']['incomplete']} incomplete run(s) listed, not averaged")

@@ -42,12 +42,20 @@ def make_run(root: Path, arm: str, seed: int, acc: float | None = None, *, befor
              rel: dict | None = None, knobs: dict | None = None, data: str = DATA, steps: int = 10,
              tokens: tuple[int, int] = (30, 20), rewards: list[float] | None = None, ceiling: int = 1000,
              parent: str | None = None, complete: bool = True, direction: float | None = None,
-             abst_full: float = 0.0, wall: float = 10.0, subdir: str = "runs") -> Path:
-    """A minimal but faithful run dir: manifest (plan, identity), completion.json, eval/test(-before).json,
-    and for RL arms two ranks of ledger (tokens[r] per step each) and trace rows (rewards[step])."""
+             abst_full: float = 0.0, wall: float = 10.0, subdir: str = "runs", stopped_by: str = "max_steps",
+             max_steps: int | None = None, steps_per_generation: int = 1, sft_rows: int = 40,
+             plan_budget: bool = True) -> Path:
+    """A minimal but faithful run dir: manifest (plan with its budget summary, identity), completion.json,
+    eval/test(-before).json, and for RL arms two ranks of ledger (tokens[r] per step each) and trace rows
+    (rewards[step]). RL rounds: 2 prompts x 4 generations per step, max_completion_length 16 (a step's
+    bound 128 tokens), `steps_per_generation` steps per round. `max_steps` (default `steps`) is the cap."""
+    max_steps = steps if max_steps is None else max_steps
+    rl = arm != "sft"
+    round_knobs = {"prompts_per_step": 2, "num_generations": 4, "max_completion_length": 16,
+                   "steps_per_generation": steps_per_generation, "num_iterations": 1} if rl else {}
     config = {"seed": seed, "output_root": str(root), "mode": "train",
-              "arm": {"name": arm, "learning_rate": 1e-4, **(knobs or {})},
-              "budget": {"max_completion_tokens": ceiling, "max_steps": steps},
+              "arm": {"name": arm, "learning_rate": 1e-4, **round_knobs, **(knobs or {})},
+              "budget": {"max_completion_tokens": ceiling, "max_steps": max_steps},
               "data": {"name": "synthetic", "eval_split": "test", "cache_dir": str(root / "cache")},
               "train": {"logging_steps": 1}}
     semantic = {k: v for k, v in config.items() if k not in ("output_root", "mode")}
@@ -59,21 +67,31 @@ def make_run(root: Path, arm: str, seed: int, acc: float | None = None, *, befor
              "model": {"kind": "tiny", "spec_sha256": "t" * 64, "files_sha256": MODEL, "base_path": str(root / "m")},
              "code": {"commit": "abc123" * 6 + "abcd", "dirty": False, "diff_sha256": None}}
     planned = {**ident, "data": {**ident["data"], "content_sha256": None}, "model": {**ident["model"], "files_sha256": None}}
-    rl = arm != "sft"
+    a = config["arm"]
+    if rl:  # harness.plan.budget_summary
+        per_step = a["prompts_per_step"] * a["num_generations"] * a["max_completion_length"]
+        budget = {"kind": "completion_tokens", "completion_token_ceiling": ceiling, "per_step_upper_bound": per_step,
+                  "completions_per_step": a["prompts_per_step"] * a["num_generations"], "max_steps": max_steps,
+                  "guaranteed_steps": min(max_steps, ceiling // per_step), "rule": "..."}
+    else:
+        budget = {"kind": "loss_tokens", "loss_token_ceiling": 2000, "max_steps": max_steps, "rule": "..."}
+    plan = {"run_name": name, "run_dir": str(run_dir), "identity": planned, "choices": {"arm": arm}, "config": config}
+    if plan_budget:
+        plan["budget"] = budget
     _write(run_dir / "run_manifest.json", {
         "manifest_version": 1, "run_name": name, "status": "completed" if complete else "running", "identity": ident,
-        "plan": {"run_name": name, "run_dir": str(run_dir), "identity": planned, "choices": {"arm": arm},
-                 "config": config},
+        "plan": plan,
         "parent": {"run_name": parent, "run_dir": str(root / "runs" / parent)} if parent else None,
     })
     if not complete:
         return run_dir
-    comp = {"status": "completed", "run_name": name, "arm": arm, "optimizer_steps": steps, "stopped_by": "max_steps",
+    comp = {"status": "completed", "run_name": name, "arm": arm, "optimizer_steps": steps, "stopped_by": stopped_by,
             "identity": ident, "wall_time_s": wall,
             "parent": {"run_name": parent, "run_dir": str(root / "runs" / parent)} if parent else None}
     if rl:
         comp.update(realized_completion_tokens=steps * sum(tokens), completion_token_ceiling=ceiling,
-                    realized_completion_count=steps * 8)
+                    realized_completion_count=steps * 8, world_size=2,
+                    ranks=[{"rank": r, "completion_tokens": steps * tokens[r], "completions": steps * 4} for r in (0, 1)])
         rewards = rewards if rewards is not None else [0.1 * s for s in range(steps)]
         for rank in (0, 1):
             ledger = [{"completion_id": f"{sem[:8]}:{s}:{rank}:{g}", "step": s, "tokens": tokens[rank] // 4 + (g == 0) * (tokens[rank] % 4),
@@ -85,7 +103,8 @@ def make_run(root: Path, arm: str, seed: int, acc: float | None = None, *, befor
             (run_dir / "ledgers" / f"rank-{rank}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ledger))
             (run_dir / "traces" / f"rank-{rank}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in trace))
     else:
-        comp.update(realized_loss_tokens=500, planned_loss_tokens=500, loss_token_ceiling=2000, sft_rows=40)
+        comp.update(realized_loss_tokens=500, planned_loss_tokens=500, loss_token_ceiling=2000, sft_rows=sft_rows,
+                    world_size=1)
     if acc is not None:
         after = _eval(acc, rel, direction, abst_full)
         _write(run_dir / "eval" / "test.json", {"split": "test", "label": "final", **after})
