@@ -11,10 +11,12 @@ cross-row sampler is needed.
 (0) RL term: TRL's GRPO, unchanged, with the harness's relation-aware reward 1[parse(o) == y_v];
     one row per view, so the G completions of a group share one view (groups per view, never across).
 (1) Direction: s(c | v) = mean_t log pi_theta(c_t | x_v, c_<t), x_v = chat(q, I_v) + the answer
-    prefix; L_dir = mean over views of -log softmax_c(s(c|v) / tau)[y_v]. One teacher-forced
-    forward per view with all candidates batched, no generation, with gradient.
+    prefix, scored by the untempered policy (temperature 1, whatever arm.temperature samples at);
+    L_dir = mean over views of -log softmax_c(s(c|v) / tau)[y_v]. One teacher-forced forward per
+    view with all candidates batched, no generation, with gradient.
 (2) Evidence, on FULL-view rollouts: L_evi = -masked_mean(min(k3(p, m_miss), kappa))
-    + mu * masked_mean(k3(p, m_ctrl)), m_* = no-grad re-scoring of the same sampled tokens under the
+    + mu * masked_mean(k3(p, m_ctrl)) (mu weighs the CONTROL part inside L_evi, default 1; the whole
+    L_evi is scaled by lambda_evidence), m_* = no-grad re-scoring of the same sampled tokens under the
     group's MISSING / CONTROL image (once per generation batch). Option: only rollouts with reward 1.
 
 Choices made here (ARMS.md leaves them open):
@@ -123,7 +125,7 @@ class EviKnobs:
     tau: float = 1.0
     lambda_evidence: float = 0.02
     kappa: float = 0.2
-    mu: float | None = None  # None: lambda_evidence
+    mu: float = 1.0  # the CONTROL part's weight inside L_evi, relative to the MISSING part
     eta1: float = 0.0
     evidence_on_correct_only: bool = False
 
@@ -131,10 +133,6 @@ class EviKnobs:
     def from_arm(cls, arm: dict) -> "EviKnobs":
         return cls(**{k: arm[k] for k in ("lambda_direction", "tau", "lambda_evidence", "kappa", "mu", "eta1",
                                           "evidence_on_correct_only")})
-
-    @property
-    def mu_value(self) -> float:
-        return self.lambda_evidence if self.mu is None else self.mu
 
     @property
     def any_term(self) -> bool:
@@ -218,10 +216,11 @@ def trainer_cls():
 
         def _direction_inputs(self, views: list[dict], inputs: list[dict]) -> dict:
             """Per row: the candidate continuations of its view, filled on the view's owner row only."""
-            dev, G = self.accelerator.device, self.num_generations
-            offset = self.accelerator.process_index * len(inputs)
+            dev, rank = self.accelerator.device, self.accelerator.process_index
             B = len(inputs)
-            owner = [(offset + i) % G == 0 and len(v["candidates"]) >= 2 for i, v in enumerate(views)]
+            # the owner of a view is the row of its first completion in the generation round (harness.rounds)
+            owner = [self.generation_round.slot(rank, i)[1] == 0 and len(v["candidates"]) >= 2
+                     for i, v in enumerate(views)]
             split = [self._candidate_split(v["candidates"]) if own else None for v, own in zip(views, owner)]
             C = max((len(s[1]) for s in split if s), default=1)
             L = max((len(s[0]) + len(c) for s in split if s for c in s[1]), default=1)
@@ -248,7 +247,7 @@ def trainer_cls():
             """m_miss / m_ctrl (B, T) on FULL rows with linked images (zeros elsewhere), and the rows' weights.
             One no-grad forward over the linked rows, once per linked image kind."""
             k, dev = self.knobs, self.accelerator.device
-            cols = ["missing_image"] + (["control_image"] if k.mu_value > 0 else [])
+            cols = ["missing_image"] + (["control_image"] if k.mu > 0 else [])
             linked = [i for i, v in enumerate(views) if all(v.get(c) for c in cols)]
             weight = torch.zeros(len(inputs), device=dev)  # (B,)
             weight[linked] = 1.0
@@ -293,7 +292,7 @@ def trainer_cls():
             if k.lambda_evidence > 0:
                 emask = mask * inputs["evi_rows"][:, None]  # (B, T): FULL rollouts with linked views
                 term, st = evidence_loss(logp, inputs["evi_m_miss"], emask, kappa=k.kappa,
-                                         m_ctrl=inputs.get("evi_m_ctrl"), mu=k.mu_value)
+                                         m_ctrl=inputs.get("evi_m_ctrl"), mu=k.mu)
                 term = term * self.token_term_scale(emask, inputs["evi_num_items"])
                 total = total + k.lambda_evidence * term
                 n = st["tokens"]
@@ -318,15 +317,20 @@ def trainer_cls():
             rep = [r for r in own for _ in range(C)]  # each owner row once per candidate
             P = inputs["prompt_ids"].size(1)
             fw = {"pixel_values": torch.cat([pix[r] for r in rep]),
-                  "image_grid_thw": inputs["image_grid_thw"][[i for r in rep for i in ranges[r]]],
-                  "num_images": [len(ranges[r]) for r in rep]}
+                  "image_grid_thw": inputs["image_grid_thw"][[i for r in rep for i in ranges[r]]]}
             for key in ("mm_token_type_ids", "token_type_ids"):
                 if key in inputs:
                     tt = inputs[key][rep, :P]  # the prompt part; candidate tokens are text
                     fw[key] = torch.cat([tt, tt.new_zeros(len(rep), L)], dim=1)
-            input_ids = torch.cat([inputs["prompt_ids"][rep], ids.reshape(V * C, L)], dim=1)  # (V*C, P+L)
+            cand = ids.reshape(V * C, L)  # (V*C, L)
+            input_ids = torch.cat([inputs["prompt_ids"][rep], cand], dim=1)  # (V*C, P+L)
             attn = torch.cat([inputs["prompt_mask"][rep], real.reshape(V * C, L)], dim=1)  # (V*C, P+L)
-            logps = self.trl_logps(model, input_ids, attn, L, **fw).reshape(V, C, L)
+            # The untempered policy (ARMS.md): TRL's fused head divides the logits by the sampling temperature, so
+            # the model's own forward (fused_lm_head off) scores the candidates; only the last L+1 logits are kept.
+            with self.accelerator.autocast():
+                logits = model(input_ids=input_ids, attention_mask=attn, logits_to_keep=L + 1, **fw).logits
+            logits = logits[:, :L].float()  # (V*C, L, vocab): position P-1+l predicts candidate token l
+            logps = torch.log_softmax(logits, dim=-1).gather(-1, cand.unsqueeze(-1)).squeeze(-1).reshape(V, C, L)
             (logps,) = real_only(scored, logps)
             scores = (logps * scored).sum(-1) / scored.sum(-1).clamp(min=1.0)  # (V, C), length-normalized
             return scores, scored.sum(-1) > 0

@@ -14,14 +14,15 @@ from arms.common import BuildContext, training_kwargs
 
 
 def grpo_config_kwargs(ctx: BuildContext) -> dict:
+    from harness.rounds import GenerationRound
+
     c = ctx.plan.config
     a, r = c["arm"], c["rollout"]
-    completions = a["prompts_per_step"] * a["num_generations"]  # per optimizer step, all ranks
-    per_device = completions // (ctx.world * a["gradient_accumulation_steps"])  # plan checked divisibility
+    # harness units -> TRL units: TRL's steps_per_generation counts micro-batches (harness.rounds)
+    rnd = GenerationRound.of(a, world=ctx.world)  # the plan checked that it divides
     kw = dict(
         training_kwargs(ctx),
-        per_device_train_batch_size=per_device,
-        num_generations=a["num_generations"],
+        **rnd.trl_kwargs(),
         max_completion_length=a["max_completion_length"],
         temperature=a["temperature"],
         top_p=a["top_p"],
@@ -32,8 +33,6 @@ def grpo_config_kwargs(ctx: BuildContext) -> dict:
         beta=a["beta"],
         epsilon=a["epsilon"],
         epsilon_high=a["epsilon_high"] if a["epsilon_high"] is not None else a["epsilon"],
-        num_iterations=a["num_iterations"],
-        steps_per_generation=a["steps_per_generation"],
         mask_truncated_completions=a["mask_truncated_completions"],
         # generation_kwargs REPLACES TRL's default suppress_tokens (PLATFORM.md): list them ourselves
         generation_kwargs={"suppress_tokens": list(ctx.suppress_token_ids)},
@@ -65,8 +64,10 @@ def grpo_config_kwargs(ctx: BuildContext) -> dict:
 def build_trainer(ctx: BuildContext, trainer_cls=None, config_cls=None, **extra_config):
     from trl import GRPOConfig, GRPOTrainer
 
+    from harness.rounds import GenerationRound
+
     args = (config_cls or GRPOConfig)(**grpo_config_kwargs(ctx), **extra_config)
-    return (trainer_cls or GRPOTrainer)(
+    trainer = (trainer_cls or GRPOTrainer)(
         model=ctx.model,
         reward_funcs=[ctx.reward_fn],
         args=args,
@@ -74,6 +75,8 @@ def build_trainer(ctx: BuildContext, trainer_cls=None, config_cls=None, **extra_
         processing_class=ctx.processor,
         callbacks=ctx.callbacks,
     )
+    trainer.generation_round = GenerationRound.of(ctx.plan.config["arm"], world=ctx.world)
+    return trainer
 
 
 # --- the shared TRL glue of papo and evi_po: the only code that touches GRPOTrainer internals
@@ -129,6 +132,10 @@ def extra_terms_trainer_base():
             # advantages, pixel_values, image_grid_thw, mm_token_type_ids, num_images, num_items_in_batch) and
             # then shuffles, splits and buffers it; with num_iterations > 1 the buffer is reused, so the arm's
             # keys go into a new dict and TRL's tensors are never written to.
+            if len(inputs) != self.generation_round.local_completions:
+                raise RuntimeError(f"TRL generated {len(inputs)} completions on this rank, the harness's generation "
+                                   f"round has {self.generation_round.local_completions}: the TRL mapping "
+                                   "(harness.rounds) no longer matches TRL; run tests/unit/test_trl_contract.py")
             batch = super()._generate_and_score_completions(inputs)
             return {**batch, **self.score_generation(inputs, batch)}
 

@@ -25,9 +25,10 @@ Deviations from the paper / official code, all deliberate:
 - Masking is done on the PIL image before the processor, never on processed pixel tensors (TRL's
   removed PAPOTrainer masked the processed tensors, which is a no-op for Qwen's patch layout).
   The image size is unchanged, so the number of vision tokens and every prompt id stay the same.
-- The mask is seeded by (run seed, global step of the generation, prompt slot, image index),
-  not drawn from a global RNG: a resumed run masks identically, and masking never consumes the
-  RNG streams that sampling and the resume audit depend on. All G completions of one prompt see
+- The mask is seeded by (run seed, global step of the generation, prompt slot within the generation
+  round (harness.rounds), image index), not drawn from a global RNG: a resumed run masks
+  identically, and masking never consumes the RNG streams that sampling and the resume audit
+  depend on. All G completions of one prompt see
   the same masked image.
 - m is computed once per generation batch with no gradient, next to TRL's old log-probs (as the
   official code does); `recompute_masked_with_grad` re-scores inside the loss with gradient
@@ -196,12 +197,11 @@ def trainer_cls():
             k = self.knobs
             if not k.needs_masked:
                 return {}
-            step, G = self.state.global_step, self.num_generations
-            offset = self.accelerator.process_index * len(inputs)
+            step, rank = self.state.global_step, self.accelerator.process_index  # step: the round's first step
             cache: dict[int, list] = {}  # slot -> masked images: the G copies of a prompt share one mask
             masked = []
             for i, x in enumerate(inputs):
-                slot = (offset + i) // G
+                slot, _ = self.generation_round.slot(rank, i)  # unique over the round's prompts, all ranks
                 if slot not in cache:
                     cache[slot] = [mask_image(img, patch_size=self.mask_patch, ratio=k.mask_ratio,
                                               seed=mask_seed(k.run_seed, step, slot, j))

@@ -17,6 +17,7 @@ from transformers.trainer_callback import ProgressCallback
 from harness import checkpoint as ckpt
 from harness import dist
 from harness.accounting import AppendLog
+from harness.rounds import GenerationRound
 
 log = logging.getLogger("harness")
 
@@ -33,8 +34,7 @@ class RunContext:
     tokens_used: int = 0  # this rank's sampled completion tokens (ledger sum)
     completions: int = 0
     token_share: int | None = None  # this rank's share of budget.max_completion_tokens
-    round_bound: int = 0  # worst-case tokens of one generation round on this rank
-    generate_every: int = 1  # optimizer steps served by one generation round
+    round: GenerationRound | None = None  # RL arms: the generation round (harness.rounds)
     loss_tokens: int = 0  # SFT: loss-bearing tokens trained on (counted up front)
     stopped_by_budget: bool = False
     started: float = field(default_factory=time.time)
@@ -72,9 +72,9 @@ class BudgetCallback(TrainerCallback):
         c = self.ctx
         if c.token_share is None:
             return control
-        # The successor samples only if it opens a new generation round (TRL regenerates every
-        # steps_per_generation x num_iterations steps); its worst case is the round's bound.
-        next_cost = c.round_bound if state.global_step % c.generate_every == 0 else 0
+        # The successor (index state.global_step) samples only if it opens a new generation round; its worst
+        # case is then the round's bound on this rank (every completion at max_completion_length).
+        next_cost = c.round.token_bound // c.world if c.round.opens_round(state.global_step) else 0
         if not _all_ranks_continue(c.tokens_used + next_cost <= c.token_share):
             if state.global_step < state.max_steps:
                 c.stopped_by_budget = True
@@ -86,7 +86,8 @@ class BudgetCallback(TrainerCallback):
 
 
 def console_line(step: int, max_steps: int, logs: dict, ctx: RunContext) -> str:
-    parts = [f"step {step}/{max_steps}"]
+    # RL arms are budget-bound: max_steps is only a cap, so the token share below is the progress that counts
+    parts = [f"step {step}" if ctx.token_share is not None else f"step {step}/{max_steps}"]
     for key, label in (("reward", "reward"), ("loss", "loss"), ("mean_token_accuracy", "tok-acc")):
         if key in logs:
             parts.append(f"{label} {logs[key]:.3f}")
@@ -127,7 +128,37 @@ class MetricsCallback(TrainerCallback):
 
 
 class QuietProgressCallback(ProgressCallback):
-    """TRL's progress bar without printing every logs dict (MetricsCallback prints one line)."""
+    """TRL's progress bar without printing every logs dict (MetricsCallback prints one line). For RL arms the bar
+    counts sampled tokens against the budget, which is what stops the run (max_steps is only a cap: a bar of
+    max_steps would show 2000 steps and a tenfold ETA)."""
+
+    def __init__(self, ctx: RunContext | None = None):
+        super().__init__()
+        self.ctx = ctx
+
+    def _rl(self) -> bool:
+        return self.ctx is not None and self.ctx.token_share is not None
+
+    def _tokens(self) -> int:
+        return self.ctx.tokens_used * self.ctx.world  # approximate across ranks for display; the ledgers are exact
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if not self._rl():
+            return super().on_train_begin(args, state, control, **kwargs)
+        if state.is_world_process_zero:
+            from tqdm.auto import tqdm
+
+            self.training_bar = tqdm(total=self.ctx.plan.budget["completion_token_ceiling"], initial=self._tokens(),
+                                     unit="tok", desc="sampled tokens", dynamic_ncols=True)
+        self.current_step = self._tokens()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if not self._rl():
+            return super().on_step_end(args, state, control, **kwargs)
+        if state.is_world_process_zero and self.training_bar is not None:
+            self.training_bar.update(self._tokens() - self.current_step)
+            self.training_bar.set_postfix_str(f"step {state.global_step}", refresh=False)
+            self.current_step = self._tokens()
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         return control

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from arms import ARMS
 from harness.errors import Problem
+from harness.rounds import GenerationRound
 from harness.schema import (
     Config,
     EviPoArm,
@@ -23,6 +24,7 @@ from harness.schema import (
     PapoArm,
     PlacementKind,
     RolloutBackend,
+    SftArm,
     Source,
     SyntheticData,
     Tuning,
@@ -134,6 +136,15 @@ def check_arm(cfg: Config, out: Findings) -> None:
         out.error("arm.name", a.name, f"is not a registered arm ({', '.join(ARMS)})",
                   "use one of the registered arms, or register the new arm in arms/__init__.py")
         return
+    if isinstance(a, SftArm):
+        shards = cfg.placement.num_processes * a.gradient_accumulation_steps
+        if a.batch_size % shards:
+            # the Trainer would floor batch_size / shards per device and silently train on fewer sequences
+            lo, hi = a.batch_size // shards * shards, -(-a.batch_size // shards) * shards
+            out.error("arm.batch_size", a.batch_size,
+                      f"must split evenly over placement.num_processes x arm.gradient_accumulation_steps ({shards}) "
+                      f"micro-batches; otherwise each step would train on {lo} sequences, not {a.batch_size}",
+                      f"use a multiple of {shards}, e.g. {lo or hi} or {hi}")
     if not isinstance(a, GrpoArm):
         return
     if a.init not in ("sft", "scratch") and not any((Path(a.init) / f).is_file()
@@ -141,20 +152,15 @@ def check_arm(cfg: Config, out: Findings) -> None:
         out.error("arm.init", a.init, "is neither sft, scratch, nor a policy directory (config.json or "
                   "adapter_config.json in it)",
                   "use arm.init=sft (default), arm.init=scratch, or a path to an adapter / full weights")
-    completions = a.prompts_per_step * a.num_generations
-    shards = cfg.placement.num_processes * a.gradient_accumulation_steps
-    if completions % shards:
-        out.error("arm.prompts_per_step", a.prompts_per_step,
-                  f"prompts_per_step x num_generations ({completions}) must split evenly over "
-                  f"placement.num_processes x arm.gradient_accumulation_steps ({shards}) micro-batches",
-                  f"make {completions} a multiple of {shards}")
-    bound = completions * a.max_completion_length
-    if b.max_completion_tokens < bound:
+    rnd = GenerationRound.of(a, world=cfg.placement.num_processes)
+    for problem in rnd.problems():
+        out.error(*problem)
+    if b.max_completion_tokens < rnd.token_bound:
         out.error("budget.max_completion_tokens", b.max_completion_tokens,
-                  f"is below one step's worst case ({a.prompts_per_step} prompts x {a.num_generations} generations "
-                  f"x {a.max_completion_length} tokens = {bound}), so no step fits",
-                  f"raise it to at least {bound}, or shrink the step")
-    cycle = a.steps_per_generation * a.num_iterations  # TRL regenerates once every `cycle` optimizer steps
+                  f"is below one generation round's worst case ({rnd.prompts} prompts x {a.num_generations} "
+                  f"generations x {a.max_completion_length} tokens = {rnd.token_bound}), so no round fits",
+                  f"raise it to at least {rnd.token_bound}, or shrink the round")
+    cycle = rnd.cycle  # TRL regenerates once every `cycle` optimizer steps
     if cycle > 1 and cfg.train.save_steps % cycle:
         out.error("train.save_steps", cfg.train.save_steps,
                   f"must be a multiple of the generation cycle, arm.steps_per_generation x arm.num_iterations "
@@ -172,6 +178,41 @@ def check_arm(cfg: Config, out: Findings) -> None:
                  "(KL_prcp hacking); consider eta1=eta2=0.05 (double entropy) with it")
     if isinstance(a, EviPoArm) and a.lambda_direction == 0 and a.lambda_evidence == 0:
         out.warn("arm=evi_po with lambda_direction=0 and lambda_evidence=0 is plain GRPO")
+    if isinstance(a, EviPoArm):
+        share = missing_share(cfg)
+        if share is not None and share[0] * 3 > share[1]:
+            out.warn(f"data: {share[0]} of the {share[1]} {cfg.data.train_split} views ({share[0] / share[1]:.0%}) are "
+                     "MISSING: above a third, always abstaining is the degenerate optimum of evi_po's reward and "
+                     "direction term; keep MISSING views at most a third of the training data, and watch "
+                     "evi/FULL/abstain")
+
+
+def missing_share(cfg: Config) -> tuple[int, int] | None:
+    """(MISSING views, all views) of the training split, or None when it cannot be read yet (torch-free).
+
+    The synthetic set has one MISSING view per base item of four; a jsonl dataset is counted from its records.
+    """
+    d = cfg.data
+    if isinstance(d, SyntheticData):
+        return 1, 4
+    if not d.path:
+        return None
+    import json
+
+    path = Path(d.path) / "records" / f"{d.train_split}.jsonl"
+    missing = total = 0
+    try:
+        with open(path, encoding="utf-8") as fh:
+            for line in fh:
+                if line.strip():
+                    total += 1
+                    try:
+                        missing += json.loads(line).get("relation") == "MISSING"
+                    except (ValueError, AttributeError):
+                        pass  # harness.data validate reports a malformed row with its line
+    except OSError:
+        return None  # a missing split is reported by check_data / validation, with its fix
+    return (missing, total) if total else None
 
 
 # --- data

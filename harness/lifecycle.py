@@ -112,12 +112,13 @@ def _budget_line(plan: Plan) -> str:
 
 def _summary(plan: Plan, comp: dict) -> None:
     """The end-of-run table: arm, steps, budget use, accuracy before -> after per relation, run dir."""
-    lines = [f"{'arm':<8} {'steps':>5}  {'budget':<28} run dir"]
+    lines = [f"{'arm':<8} {'steps':>5}  {'budget':<28} {'stopped by':<11} run dir"]
     if "completion_token_ceiling" in comp:
         used = f"{comp['realized_completion_tokens']}/{comp['completion_token_ceiling']} tokens"
     else:
         used = f"{comp['realized_loss_tokens']}/{comp['loss_token_ceiling']} loss tok"
-    lines.append(f"{comp['arm']:<8} {comp['optimizer_steps']:>5}  {used:<28} {plan.run_dir}")
+    stopped = comp.get("stopped_by") or "-"
+    lines.append(f"{comp['arm']:<8} {comp['optimizer_steps']:>5}  {used:<28} {stopped:<11} {plan.run_dir}")
     before, after = comp.get("eval_before") or {}, comp.get("eval_after") or {}
     if after:
         lines.append(f"  eval ({after.get('split')}, greedy, n={after.get('n')}):   before -> after")

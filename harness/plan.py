@@ -27,6 +27,7 @@ from arms import ARMS
 from harness import identity as ident
 from harness.checks import find_cached_snapshot, run_checks
 from harness.errors import ConfigError, Problem
+from harness.rounds import GenerationRound
 from harness.schema import Config, GrpoArm, Source, SyntheticData
 
 PLAN_VERSION = 1
@@ -184,15 +185,20 @@ def budget_summary(cfg: Config) -> dict:
     a, b = cfg.arm, cfg.budget
     if ARMS[a.name].rl:
         assert isinstance(a, GrpoArm)
-        per_step = a.prompts_per_step * a.num_generations * a.max_completion_length
+        rnd = GenerationRound.of(a, world=cfg.placement.num_processes)
+        rounds_that_fit = b.max_completion_tokens // rnd.token_bound
         return {
             "kind": "completion_tokens",
             "completion_token_ceiling": b.max_completion_tokens,
-            "per_step_upper_bound": per_step,
-            "completions_per_step": a.prompts_per_step * a.num_generations,
+            "per_step_upper_bound": rnd.per_step_token_bound,
+            "completions_per_step": rnd.completions_per_step,
+            "generation_round": rnd.describe(),
             "max_steps": b.max_steps,
             # steps that fit even if every completion runs to max_completion_length; shorter ones buy more
-            "guaranteed_steps": min(b.max_steps, b.max_completion_tokens // per_step),
+            "guaranteed_steps": min(b.max_steps, rounds_that_fit * rnd.cycle),
+            # at most this many tokens by max_steps: at or below the ceiling, max_steps binds before the budget
+            # can, and "same budget" would mean "same steps"
+            "max_steps_worst_case_tokens": -(-b.max_steps // rnd.cycle) * rnd.token_bound,
             "rule": "stop after the last step whose successor could exceed the remaining budget",
         }
     return {

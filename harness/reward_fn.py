@@ -7,9 +7,10 @@ it as f(prompts=, completions=, completion_ids=, **dataset columns repeated per 
 trainer_state=, log_extra=, log_metric=) — see PLATFORM.md.
 
 completion_id = <semantic hash[:8]>:<generation step>:<prompt slot>:<generation index>; the
-prompt slot is the prompt's position among the prompts sampled at that optimizer step, all ranks and
-all generation rounds of the step together (with gradient accumulation TRL generates once per
-micro-batch: several rounds per step), so ids are unique across ranks, rounds and steps.
+generation step is the first optimizer step of the generation round (harness.rounds: TRL generates
+once per round, whatever the gradient accumulation), the prompt slot the prompt's position among the
+round's prompts over all ranks, so ids are unique across ranks, rounds and steps. A second call within
+one round means the TRL mapping no longer matches harness.rounds: it is refused, not renumbered.
 """
 
 from __future__ import annotations
@@ -21,29 +22,31 @@ from harness.rewards import completion_text, score
 
 
 class HarnessReward:
-    def __init__(self, ctx, *, reward_cfg: Any, num_generations: int, eos_token_ids: list[int], provenance: dict):
+    def __init__(self, ctx, *, reward_cfg: Any, eos_token_ids: list[int], provenance: dict):
         self.ctx = ctx
         self.reward_cfg = reward_cfg
-        self.G = num_generations
         self.eos = set(eos_token_ids)
         self.provenance = provenance
         self.tag = provenance["semantic_sha256"][:8]
         self.__name__ = "harness"  # TRL names reward columns after it (rewards/harness/mean)
-        self._step, self._round = None, 0  # generation rounds seen in the current optimizer step
+        self._last_step = None  # the generation step of the previous call
 
     def __call__(self, prompts, completions, completion_ids, trainer_state=None, row=None, **_):
         ctx = self.ctx
         step = trainer_state.global_step if trainer_state is not None else -1
-        n = len(completions)
-        self._round = self._round + 1 if step == self._step else 0
-        self._step = step
-        base = self._round * ctx.world * n  # every rank scores n completions per round
+        n, rnd = len(completions), ctx.round
+        if step == self._last_step or n != rnd.local_completions or not rnd.opens_round(max(step, 0)):
+            raise RuntimeError(f"TRL asked for rewards of {n} completions at step {step} (previous call: step "
+                               f"{self._last_step}); the generation round (harness.rounds) samples "
+                               f"{rnd.local_completions} per rank once every {rnd.cycle} optimizer step(s): the TRL "
+                               "mapping no longer matches TRL; run tests/unit/test_trl_contract.py")
+        self._last_step = step
         rewards = []
         for j in range(n):
             ids = completion_ids[j]
             record = json.loads(row[j])
             truncated = not ids or ids[-1] not in self.eos
-            slot, gen = divmod(base + ctx.rank * n + j, self.G)
+            slot, gen = rnd.slot(ctx.rank, j)
             cid = f"{self.tag}:{step}:{slot}:{gen}"
             tr = score(completion_text(completions[j]), record, truncated=truncated, cfg=self.reward_cfg)
             ctx.ledger.append({"completion_id": cid, "tokens": len(ids), "terminated": not truncated, "step": step,

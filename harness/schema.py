@@ -178,7 +178,7 @@ class ArmConfig:
     warmup_ratio: float = f(0.0, "fraction of planned steps spent warming up", ge=0.0, lt=1.0)
     weight_decay: float = f(0.0, "AdamW weight decay", ge=0.0)
     max_grad_norm: float = f(1.0, "gradient clipping norm", gt=0.0)
-    gradient_accumulation_steps: int = f(1, "micro-batches per optimizer step", ge=1)
+    gradient_accumulation_steps: int = f(1, "micro-batches per optimizer step; a memory knob only: it changes neither what is sampled nor the update", ge=1)
 
 
 @dataclass
@@ -191,7 +191,7 @@ class SftArm(ArmConfig):
 @dataclass
 class GrpoArm(ArmConfig):
     init: str = f("sft", "policy to start from: sft (the SFT run of the same model, data, seed), scratch, or a path")
-    prompts_per_step: int = f(4, "unique prompts per optimizer step (global)", ge=1)
+    prompts_per_step: int = f(4, "unique prompts per optimizer step (all ranks), each with num_generations completions, whatever the accumulation", ge=1)
     num_generations: int = f(8, "G: completions sampled per prompt; advantages are normalized within a group", ge=2)
     max_completion_length: int = f(16, "sampled tokens per completion at most; truncated ones get the invalid-format penalty", ge=1)
     temperature: float = f(0.7, "sampling temperature; 0.7 learns on the tiny VLM where 1.0 did not move greedy accuracy (measured)", gt=0.0)
@@ -203,8 +203,8 @@ class GrpoArm(ArmConfig):
     beta: float = f(0.0, "KL coefficient to the reference policy (with LoRA: the frozen initial adapter)", ge=0.0)
     epsilon: float = f(0.2, "lower clip range of the importance ratio", gt=0.0)
     epsilon_high: Optional[float] = f(None, "upper clip range (DAPO clip-higher); null = epsilon", gt=0.0)
-    num_iterations: int = f(1, "optimization passes per generation batch (mu in the GRPO paper)", ge=1)
-    steps_per_generation: int = f(1, "optimizer steps served by one generation batch", ge=1)
+    num_iterations: int = f(1, "optimization passes over each generation batch (mu in the GRPO paper); from the second pass the importance ratio is not 1", ge=1)
+    steps_per_generation: int = f(1, "optimizer steps served by one generation batch (prompts_per_step x this many prompts), each step on its own prompts", ge=1)
     mask_truncated_completions: bool = f(True, "exclude truncated completions from the loss (they still count in the budget)")
 
 
@@ -229,7 +229,7 @@ class EviPoArm(GrpoArm):
     tau: float = f(1.0, "temperature of the candidate softmax in L_dir", gt=0.0)
     lambda_evidence: float = f(0.02, "coefficient of the evidence term L_evi; 0 disables it and its forwards", ge=0.0)
     kappa: float = f(0.2, "upper clamp of k3(p, m_miss) in L_evi", gt=0.0)
-    mu: Optional[float] = f(None, "weight of the CONTROL invariance part of L_evi; null = lambda_evidence", ge=0.0)
+    mu: float = f(1.0, "weight of the CONTROL invariance part inside L_evi, relative to the MISSING part (lambda_evidence scales the whole L_evi)", ge=0.0)
     eta1: float = f(0.0, "entropy coefficient of the policy branch", ge=0.0)
     evidence_on_correct_only: bool = f(False, "restrict L_evi to FULL rollouts with reward 1")
 
@@ -312,9 +312,9 @@ class LoggerConfig:
 @dataclass
 class BudgetConfig:
     name: str = f("default", "option name (conf/budget/<name>.yaml)")
-    max_completion_tokens: int = f(MISSING, "sampled completion tokens a run may spend (all ranks), never exceeded", ge=1)
+    max_completion_tokens: int = f(MISSING, "sampled completion tokens a run may spend (all ranks), never exceeded; what stops an RL arm: the run ends after the last step whose successor could exceed it", ge=1)
     max_loss_tokens: int = f(MISSING, "SFT: loss-bearing tokens a run may train on (longest prefix of one epoch that fits)", ge=1)
-    max_steps: int = f(MISSING, "optimizer steps at most (the token budget usually binds first)", ge=1)
+    max_steps: int = f(MISSING, "optimizer steps at most: a safety cap above the token budget (set it so the budget binds, or a comparison is bound by steps)", ge=1)
     sft_warm_start_steps: int = f(150, "RL arms with arm.init=sft: optimizer steps of the SFT warm start (capped by steps, not seconds)", ge=1)
 
 

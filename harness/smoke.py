@@ -100,11 +100,13 @@ def check_resumed_run(run_dir: Path) -> list[str]:
         out.append(f"metrics.jsonl steps are {metric_steps[:20]}..., expected 1..{steps} once each")
     ledger = run_dir / "ledgers" / "rank-0.jsonl"
     if ledger.exists():
+        from harness.rounds import GenerationRound
+
         arm = json.loads((run_dir / "run_manifest.json").read_text())["plan"]["config"]["arm"]
-        every = arm["steps_per_generation"] * arm["num_iterations"]
+        rnd = GenerationRound.of(arm)
         per_step = Counter(r["step"] for r in read_rows(ledger))
         # TRL samples at the global step it is about to take, once per generation round
-        expected = set(range(0, steps, every))
+        expected = {s for s in range(steps) if rnd.opens_round(s)}
         if set(per_step) != expected or len(set(per_step.values())) != 1:
             out.append(f"ledger rows per step are uneven or missing: {dict(sorted(per_step.items()))}")
     return out

@@ -25,6 +25,7 @@ from harness.accounting import METRICS_PATH, AppendLog, Frontier, ledger_path, t
 from harness.callbacks import (BudgetCallback, CheckpointCallback, MetricsCallback, QuietProgressCallback,
                                RunContext)
 from harness.completion import write_completion
+from harness.rounds import GenerationRound
 from harness.policy import Policy, apply_tuning, build_base, device_of, load_policy, save_final_policy
 from harness.rundir import RunDir, read_json
 
@@ -68,11 +69,13 @@ def sft_parent(plan):
     """The plan of the SFT warm start of an RL plan: same model, data, seed; arm=sft, capped by steps."""
     from harness.cli import compose_plan
 
-    keep = [o for o in plan.overrides
-            if not o.lstrip("+~").startswith(("arm", "budget.max_steps", "mode", "run_mode"))]
+    def dropped(override: str) -> bool:
+        key = override.lstrip("+~").split("=", 1)[0]
+        # train.save_steps is not semantic: a warm start of a few seconds needs only its final checkpoint
+        return key in ("arm", "mode", "run_mode", "budget.max_steps", "train.save_steps") or key.startswith("arm.")
+
+    keep = [o for o in plan.overrides if not dropped(o)]  # by key: `model=...` is kept (it starts with "mode")
     steps = plan.config["budget"]["sft_warm_start_steps"]
-    # train.save_steps is not semantic: a warm start of a few seconds needs only its final checkpoint
-    keep = [o for o in keep if not o.startswith("train.save_steps")]
     return compose_plan([*keep, "arm=sft", f"budget.max_steps={steps}", f"train.save_steps={steps}"])
 
 
@@ -220,8 +223,7 @@ def run_training(plan, run: RunDir) -> int:
         totals = rank_totals(resume_manifest, ctx.rank)
         ctx.tokens_used, ctx.completions = totals.get("completion_tokens", 0), totals.get("completions", 0)
         ctx.token_share = plan.budget["completion_token_ceiling"] // ctx.world
-        ctx.generate_every = arm["steps_per_generation"] * arm["num_iterations"]
-        ctx.round_bound = plan.budget["per_step_upper_bound"] * arm["steps_per_generation"] // ctx.world
+        ctx.round = GenerationRound.of(arm, world=ctx.world)
 
     evals = {}
     eval_kw = dict(plan=plan, run_dir=run.path, split=c["data"]["eval_split"], reward_cfg=_Reward(c["reward"]),
@@ -241,7 +243,7 @@ def run_training(plan, run: RunDir) -> int:
         from harness.reward_fn import HarnessReward
 
         dataset = rl_dataset(root, train_rows, is_vlm=is_vlm)
-        reward = HarnessReward(ctx, reward_cfg=_Reward(c["reward"]), num_generations=arm["num_generations"],
+        reward = HarnessReward(ctx, reward_cfg=_Reward(c["reward"]),
                                eos_token_ids=policy.eos_token_ids, provenance=_provenance(plan))
     else:
         dataset, reward = sft_dataset(root, train_rows, is_vlm=is_vlm, seed=c["seed"]), None
@@ -260,7 +262,7 @@ def run_training(plan, run: RunDir) -> int:
         if resume_from is not None:  # continue this rank's count of what was trained before the checkpoint
             trainer.trained_loss_tokens = rank_totals(resume_manifest, ctx.rank).get("trained_loss_tokens", 0)
     trainer.remove_callback(ProgressCallback)
-    trainer.add_callback(QuietProgressCallback)
+    trainer.add_callback(QuietProgressCallback(ctx))
     from harness.smoke import install_kill_switch
 
     install_kill_switch(trainer, plan)

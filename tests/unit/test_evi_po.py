@@ -162,3 +162,16 @@ def test_rl_dataset_rows_carry_their_views_linkage(tmp_path):
     bare = [{k: v for k, v in r.items() if k != "candidates"} for r in rows]
     for r, links in zip(rows, (json.loads(v) for v in rl_dataset(root, bare, is_vlm=False)["views"])):
         assert sorted(links["candidates"]) == sorted(r["candidates"])
+
+
+def test_mu_weighs_the_control_part_inside_l_evi_by_default_one(compose_cfg):
+    """ARMS.md (updated): mu is the CONTROL part's weight inside L_evi, default 1.0 (it used to default to
+    lambda_evidence, which made the CONTROL part 1/50 of the MISSING part)."""
+    from omegaconf import OmegaConf
+
+    from arms.evi_po import EviKnobs
+
+    cfg, _ = compose_cfg("arm=evi_po")
+    arm = OmegaConf.to_container(cfg.arm)
+    assert arm["mu"] == 1.0 and arm["lambda_evidence"] == 0.02
+    assert EviKnobs.from_arm(arm).mu == 1.0

@@ -125,8 +125,83 @@ def test_budget_and_checkpoint_schedule(plan_of):
 
 def test_debug_tiny_shrinks_the_run(plan_of):
     plan = plan_of("debug=tiny")
-    assert plan.config["budget"]["max_steps"] == 8 and plan.config["train"]["save_steps"] == 2
-    assert plan.choices["debug"] == "tiny"
+    assert plan.config["train"]["save_steps"] == 2 and plan.choices["debug"] == "tiny"
+    # budget-bound: max_steps is a cap the token budget always reaches first, even if every completion ran to
+    # max_completion_length; the warm start is long enough to give GRPO reward signal (60 steps, measured)
+    assert plan.budget["max_steps_worst_case_tokens"] > 2 * plan.budget["completion_token_ceiling"]
+    assert plan.config["budget"]["sft_warm_start_steps"] >= 60
+
+
+def test_runs_and_named_sweeps_are_budget_bound_and_debug_shrinks_them(compose_cfg):
+    """The default budget (every run, every named comparison) has max_steps only as a safety cap: even at the worst
+    case of every completion at max_completion_length the token budget binds first. debug=tiny, applied after a
+    sweep, shrinks its budget as it shrinks any run. Before, the default job stopped at max_steps=250 with 37% of
+    its budget used, so "same budget" meant "same steps"."""
+    from harness.plan import build_plan
+
+    for arm in ("grpo", "papo", "evi_po"):
+        plan = build_plan(*compose_cfg(f"arm={arm}"))
+        assert plan.budget["max_steps_worst_case_tokens"] > 10 * plan.budget["completion_token_ceiling"], arm
+    for sweep in ("arms_x_seeds", "papo_ablation", "evi_po_ablation"):
+        plan = build_plan(*compose_cfg(f"sweep={sweep}", "arm=grpo" if sweep == "arms_x_seeds" else "seed=0"))
+        assert plan.budget["max_steps_worst_case_tokens"] > 10 * plan.budget["completion_token_ceiling"], sweep
+        tiny = build_plan(*compose_cfg(f"sweep={sweep}", "debug=tiny"))
+        assert tiny.config["budget"]["max_completion_tokens"] < plan.config["budget"]["max_completion_tokens"]
+        assert tiny.budget["max_steps_worst_case_tokens"] > tiny.budget["completion_token_ceiling"]
+
+
+def test_generation_round_in_the_plan(plan_of):
+    """One round: prompts_per_step x steps_per_generation prompts, served for steps_per_generation x
+    num_iterations optimizer steps; TRL gets micro-batch units (its steps_per_generation counts micro-batches)."""
+    r = plan_of("arm.steps_per_generation=2", "arm.num_iterations=3", "arm.gradient_accumulation_steps=4",
+                "train.save_steps=6").budget["generation_round"]
+    assert r["prompts"] == 8 and r["completions"] == 64 and r["optimizer_steps"] == 6 and r["passes"] == 3
+    assert r["token_bound"] == 64 * 16
+    assert r["trl"] == {"per_device_train_batch_size": 8, "steps_per_generation": 8, "num_iterations": 3,
+                        "num_generations": 8}
+
+
+def test_budget_below_one_round_is_refused(plan_of):
+    with pytest.raises(ConfigError) as err:
+        plan_of("arm.steps_per_generation=2", "budget.max_completion_tokens=600")  # one round: 8 x 8 x 16 = 1024
+    (p,) = err.value.problems
+    assert p.field == "budget.max_completion_tokens" and "1024" in p.why and "1024" in p.fix
+
+
+@pytest.mark.parametrize("overrides, ok", [
+    (("arm.batch_size=16",), True),
+    (("arm.batch_size=16", "arm.gradient_accumulation_steps=4"), True),
+    (("arm.batch_size=16", "placement=ddp", "placement.num_processes=3"), False),  # 16 over 3 ranks trained 15
+    (("arm.batch_size=10", "arm.gradient_accumulation_steps=4"), False),
+])
+def test_sft_batch_must_split_over_ranks_and_accumulation(plan_of, overrides, ok):
+    if ok:
+        plan_of("arm=sft", *overrides)
+        return
+    with pytest.raises(ConfigError) as err:
+        plan_of("arm=sft", *overrides)
+    (p,) = [p for p in err.value.problems if p.field == "arm.batch_size"]
+    assert "split evenly" in p.why and "multiple of" in p.fix
+
+
+def _jsonl_dataset(root, relations):
+    import json
+
+    (root / "records").mkdir(parents=True)
+    rows = [{"base_id": f"b{i}", "relation": rel} for i, rel in enumerate(relations)]
+    (root / "records" / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return root
+
+
+def test_evi_po_warns_when_missing_views_exceed_a_third(plan_of, tmp_path):
+    """ARMS.md: always-abstain is evi_po's degenerate optimum; MISSING above a third of the training views warns."""
+    heavy = _jsonl_dataset(tmp_path / "heavy", ["MISSING", "MISSING", "FULL", "CONTROL", "MISSING"])
+    light = _jsonl_dataset(tmp_path / "light", ["MISSING", "FULL", "CONTROL", "SUBSTITUTE"])
+    warned = [w for w in plan_of("arm=evi_po", "data=jsonl", f"data.path={heavy}").warnings if "MISSING" in w]
+    assert warned and "3 of the 5" in warned[0] and "a third" in warned[0]
+    assert not [w for w in plan_of("arm=evi_po", "data=jsonl", f"data.path={light}").warnings if "MISSING" in w]
+    assert not [w for w in plan_of("arm=evi_po").warnings if "MISSING" in w]  # synthetic: one view in four
+    assert not [w for w in plan_of("arm=grpo", "data=jsonl", f"data.path={heavy}").warnings if "MISSING" in w]
 
 
 def test_identity_placeholders(plan_of):
@@ -147,3 +222,17 @@ def test_fields_an_arm_never_reads_do_not_split_its_identity(plan_of):
     grpo = plan_of().identity["semantic_sha256"]
     assert plan_of("budget.max_loss_tokens=123").identity["semantic_sha256"] == grpo
     assert plan_of("budget.sft_warm_start_steps=7").identity["semantic_sha256"] != grpo
+
+
+def test_the_sft_warm_start_keeps_the_model_and_data_overrides(tmp_path):
+    """sft_parent filtered overrides by prefix, so `model=tiny_lm` (it starts with "mode") was dropped and the
+    warm start of a tiny_lm run was a tiny_vlm SFT run."""
+    from harness.cli import compose_plan
+    from harness.train import sft_parent
+
+    child = compose_plan([f"output_root={tmp_path}", "model=tiny_lm", "arm=grpo", "arm.learning_rate=3e-4",
+                          "mode=plan", "data.n_base=40"])
+    parent = sft_parent(child)
+    assert parent.config["model"]["name"] == "tiny_lm" and parent.config["arm"]["name"] == "sft"
+    assert parent.config["data"]["n_base"] == 40 and parent.config["arm"]["learning_rate"] != 3e-4
+    assert parent.config["budget"]["max_steps"] == child.config["budget"]["sft_warm_start_steps"]

@@ -58,6 +58,29 @@ def test_compute_loss_runs_one_policy_forward_through_the_helper():
     assert 'inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes' in src
 
 
+def test_trl_counts_steps_per_generation_in_micro_batches(tmp_path):
+    """harness.rounds converts to TRL's units: TRL advances `_step` once per micro-batch (training_step), regenerates
+    every steps_per_generation x num_iterations of them and buffers steps_per_generation slices. Handed the
+    harness's optimizer-step count unconverted, accumulation 2 generated twice per optimizer step (the bug)."""
+    from trl import GRPOConfig, GRPOTrainer
+
+    from harness.rounds import GenerationRound
+
+    assert "self._step += 1" in inspect.getsource(GRPOTrainer.training_step)
+    prep = inspect.getsource(GRPOTrainer._prepare_inputs)
+    assert "generate_every = self.args.steps_per_generation * self.num_iterations" in prep
+    assert "if self._step % generate_every == 0" in prep
+    for ga, spg, k in ((1, 1, 1), (2, 1, 1), (4, 1, 2), (2, 2, 1), (1, 3, 2)):
+        rnd = GenerationRound(prompts_per_step=4, num_generations=8, steps_per_generation=spg, num_iterations=k,
+                              gradient_accumulation_steps=ga, max_completion_length=16)
+        args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, gradient_accumulation_steps=ga,
+                          report_to=[], **rnd.trl_kwargs())
+        assert args.generation_batch_size == rnd.completions == 32 * spg  # one round, whatever the accumulation
+        # TRL regenerates every this many micro-batches = the round's optimizer steps x micro-batches per step
+        assert args.steps_per_generation * args.num_iterations == rnd.cycle * ga
+        assert args.per_device_train_batch_size * ga == rnd.completions_per_step
+
+
 def test_buffer_shuffle_and_split_keep_per_row_keys_aligned():
     from trl.trainer.utils import shuffle_sequence_dict, split_tensor_dict
 
@@ -259,6 +282,7 @@ def test_evi_po_direction_scores_are_the_candidates_teacher_forced_logprobs(env)
     from harness.answers import format_answer
 
     evi, model = build(env, "evi_po", "arm.lambda_evidence=0")
+    assert evi.temperature != 1.0  # a tempered score would then differ from the reference
     gen, batch = generation_batch(evi)
     own = batch["evi_dir_owner"].nonzero().squeeze(1).tolist()
     with torch.no_grad():
@@ -277,8 +301,8 @@ def test_evi_po_direction_scores_are_the_candidates_teacher_forced_logprobs(env)
             with torch.no_grad():
                 logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), pixel_values=pix[i],
                                image_grid_thw=batch["image_grid_thw"][i: i + 1], mm_token_type_ids=mm).logits
-            # TRL scores at the sampling temperature (as the GRPO ratio does); so must the reference
-            logits = logits[0, -n - 1: -1].float() / evi.temperature
+            # the untempered policy (ARMS.md), although TRL samples and scores the GRPO ratio at evi.temperature
+            logits = logits[0, -n - 1: -1].float()
             logp = torch.log_softmax(logits, -1).gather(1, ids[0, -n:, None]).mean()
             assert scores[v, c].item() == pytest.approx(logp.item(), abs=1e-4)
         assert valid[v, : len(cands)].all() and not valid[v, len(cands):].any()

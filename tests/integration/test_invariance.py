@@ -1,0 +1,203 @@
+"""A knob means what it says: batch semantics of the RL arms on real TRL trainers (tiny VLM, no mocks).
+
+- gradient accumulation is a memory knob: accumulation 1, 2 and 4 sample the same completions at step 0 and
+  make the same first update (loss, grad_norm, weights);
+- num_iterations=2: one generation every 2 optimizer steps, the second pass re-uses the batch with importance
+  ratios != 1 (old log-probs recorded at generation time);
+- steps_per_generation=2: one generation serves two optimizer steps, each with its own prompts.
+
+Before harness.rounds, TRL was handed arm.steps_per_generation unconverted (TRL counts micro-batches): with
+accumulation 2, TRL generated once per micro-batch (other samples, another update) and with num_iterations=2
+it trained on the same half batch twice within one step with a ratio of exactly 1.
+
+Runs are in-process (`lifecycle.execute` of a composed plan, as a one-process sweep runs its jobs) and share
+one output root, so the SFT warm start (debug=tiny: 60 steps, enough for reward differences within a group)
+is trained once. Spies on TRL's private loss inputs record what each optimizer step trained on.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from harness.accounting import read_rows
+
+BASE = ("debug=tiny", "train.eval_before=false", "train.eval_after=false")
+
+
+@pytest.fixture(scope="module")
+def out(tmp_path_factory):
+    return tmp_path_factory.mktemp("invariance")
+
+
+@pytest.fixture
+def spy(monkeypatch):
+    """Record, per call of TRL's GRPO loss: the optimizer step, the rows of the generation batch it trains on,
+    and the largest |importance ratio - 1| over its real tokens."""
+    from trl import GRPOTrainer
+
+    calls: list[dict] = []
+    generate, compute_loss, logps_fn = (GRPOTrainer._generate_and_score_completions, GRPOTrainer._compute_loss,
+                                        GRPOTrainer._get_per_token_logps_and_entropies)
+    state = {"capture": None}
+
+    def tagged_generate(self, inputs):
+        batch = generate(self, inputs)
+        n = len(batch["prompt_ids"])  # a per-row key: TRL's shuffle and split carry it with its row
+        rounds = sum(c["kind"] == "generate" for c in calls)
+        batch["spy_row"] = torch.arange(n) + 10_000 * rounds  # unique over the run's generations
+        calls.append({"generation": self.state.global_step, "rows": n, "kind": "generate"})
+        return batch
+
+    def recording_logps(self, *args, **kwargs):
+        out = logps_fn(self, *args, **kwargs)
+        if state["capture"] is not None and not state["capture"]:
+            state["capture"].append(out[0].detach())
+        return out
+
+    def recording_loss(self, model, inputs):
+        state["capture"] = []
+        try:
+            loss = compute_loss(self, model, inputs)
+        finally:
+            captured, state["capture"] = state["capture"], None
+        old = inputs.get("old_per_token_logps")
+        mask = inputs["completion_mask"].bool()
+        dev = 0.0 if old is None else (torch.exp(captured[0] - old) - 1).abs()[mask].max().item()
+        calls.append({"kind": "loss", "step": self.state.global_step, "rows": inputs["spy_row"].tolist(),
+                      "ratio_dev": dev, "has_old": old is not None, "generation": None})
+        return loss
+
+    monkeypatch.setattr(GRPOTrainer, "_generate_and_score_completions", tagged_generate)
+    monkeypatch.setattr(GRPOTrainer, "_compute_loss", recording_loss)
+    monkeypatch.setattr(GRPOTrainer, "_get_per_token_logps_and_entropies", recording_logps)
+    return calls
+
+
+def run(out: Path, *overrides: str) -> Path:
+    from harness.cli import compose_plan
+    from harness.lifecycle import execute
+
+    plan = compose_plan([f"output_root={out}", *BASE, *overrides])
+    assert execute(plan) == 0
+    return Path(plan.run_dir)
+
+
+def sampled(run_dir: Path) -> list[tuple]:
+    """What was sampled and how it scored, without the run's hash tag in the completion ids."""
+    ledger = [(r["completion_id"].split(":", 1)[1], r["tokens"], r["terminated"], r["step"], r["view"])
+              for r in read_rows(run_dir / "ledgers/rank-0.jsonl")]
+    trace = [(r["reward"], r["parsed"], r["view"]) for r in read_rows(run_dir / "traces/rank-0.jsonl")]
+    return list(zip(ledger, trace))
+
+
+def metrics(run_dir: Path) -> dict[int, dict]:
+    return {r["step"]: r for r in read_rows(run_dir / "metrics.jsonl")}
+
+
+def weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    (f,) = (run_dir / "final_policy").glob("*.safetensors")
+    return load_file(f)
+
+
+@pytest.mark.parametrize("arm", ["grpo", "papo", "evi_po"])
+def test_gradient_accumulation_changes_neither_samples_nor_update(out, arm):
+    runs = {ga: run(out, f"arm={arm}", f"arm.gradient_accumulation_steps={ga}", "budget.max_steps=1",
+                    "train.save_steps=1") for ga in (1, 2, 4)}
+    ref = runs[1]
+    assert len(sampled(ref)) == 32  # 4 prompts x 8 generations, one generation for the whole step
+    rewards = [t[0] for _, t in sampled(ref)]
+    assert len(set(rewards)) > 1, "no reward signal: the warm start must give GRPO differences within a group"
+    m_ref, w_ref = metrics(ref)[1], weights(ref)
+    assert m_ref["grad_norm"] > 0
+    for ga in (2, 4):
+        assert sampled(runs[ga]) == sampled(ref), f"accumulation {ga} sampled other completions"
+        m = metrics(runs[ga])[1]
+        for key in ("loss", "grad_norm"):
+            assert m[key] == pytest.approx(m_ref[key], rel=1e-5, abs=1e-7), (ga, key, m[key], m_ref[key])
+        # Weights: float noise in a gradient is amplified by Adam's first step lr * g / (|g| + eps) where |g| is
+        # near eps (measured, evi_po: 4 of 960,512 weights differ by 1.2e-6 = 1.2% of lr, the rest by < 1e-7); a
+        # real difference (another batch, another normalization) moves most weights by ~lr = 1e-4.
+        w = weights(runs[ga])
+        diff = {k: (w[k] - w_ref[k]).abs() for k in w_ref}
+        worst = max(d.max().item() for d in diff.values())
+        off = sum((d > 1e-7).sum().item() for d in diff.values()) / sum(d.numel() for d in diff.values())
+        assert worst <= 2e-6 and off <= 1e-5, f"accumulation {ga}: weights after step 1 differ by up to " \
+                                              f"{worst:.3g}, {off:.2%} of them by more than 1e-7"
+    init = Path(json.loads((ref / "run_manifest.json").read_text())["init"]["path"])  # the SFT warm start
+    (init_file,) = init.glob("*.safetensors")
+    assert max((w_ref[k] - v).abs().max().item() for k, v in load_file(init_file).items()) > 0, "no update"
+
+
+def _steps(calls: list[dict]) -> dict[int, list[dict]]:
+    per_step = defaultdict(list)
+    for c in calls:
+        if c["kind"] == "loss":
+            per_step[c["step"]].append(c)
+    return per_step
+
+
+@pytest.mark.parametrize("arm, ga", [("grpo", 1), ("grpo", 2), ("papo", 2)])
+def test_num_iterations_reuses_one_generation_for_two_steps(out, spy, arm, ga):
+    d = run(out, f"arm={arm}", "arm.num_iterations=2", f"arm.gradient_accumulation_steps={ga}", "budget.max_steps=4",
+            "train.save_steps=2")
+    ledger = list(read_rows(d / "ledgers/rank-0.jsonl"))
+    assert sorted({r["step"] for r in ledger}) == [0, 2], "one generation every 2 optimizer steps"
+    for step in (0, 2):
+        views = {r["view"] for r in ledger if r["step"] == step}
+        assert len([r for r in ledger if r["step"] == step]) == 32 and len(views) == 4  # prompts_per_step prompts
+    generations = [c for c in spy if c["kind"] == "generate"]
+    assert [g["generation"] for g in generations] == [0, 2]
+    per_step = _steps(spy)
+    assert sorted(per_step) == [0, 1, 2, 3]
+    for first, second in ((0, 1), (2, 3)):
+        rows_a = sorted(r for c in per_step[first] for r in c["rows"])
+        rows_b = sorted(r for c in per_step[second] for r in c["rows"])
+        assert len(rows_a) == 32 and rows_a == rows_b, "each pass trains on the whole generation batch"
+        assert len(per_step[first]) == ga  # micro-batches per optimizer step
+        assert all(c["has_old"] for c in per_step[first] + per_step[second])
+        # first pass: the policy that sampled (ratio 1 up to float noise); second pass: one update later
+        assert max(c["ratio_dev"] for c in per_step[first]) < 1e-4
+        assert min(c["ratio_dev"] for c in per_step[second]) > 1e-3
+    rows = metrics(d)
+    assert all("clip_ratio/region_mean" in rows[s] and "clip_ratio/high_mean" in rows[s] for s in rows)
+
+
+@pytest.mark.parametrize("arm, ga", [("grpo", 1), ("grpo", 2), ("papo", 2)])
+def test_steps_per_generation_serves_two_steps_with_their_own_prompts(out, spy, monkeypatch, arm, ga):
+    import arms.papo
+
+    seeds = []  # papo: (step, slot, image) of every mask drawn; a prompt's G completions share one
+    mask_seed = arms.papo.mask_seed
+    monkeypatch.setattr(arms.papo, "mask_seed", lambda *a: seeds.append(a[1:]) or mask_seed(*a))
+    d = run(out, f"arm={arm}", "arm.steps_per_generation=2", f"arm.gradient_accumulation_steps={ga}",
+            "budget.max_steps=4", "train.save_steps=2")
+    ledger = list(read_rows(d / "ledgers/rank-0.jsonl"))
+    assert sorted({r["step"] for r in ledger}) == [0, 2]
+    assert all(len([r for r in ledger if r["step"] == s]) == 64 for s in (0, 2))  # 2 x 4 prompts x 8
+    assert [c["generation"] for c in spy if c["kind"] == "generate"] == [0, 2]
+    per_step = _steps(spy)
+    for first, second in ((0, 1), (2, 3)):
+        rows_a = {r for c in per_step[first] for r in c["rows"]}
+        rows_b = {r for c in per_step[second] for r in c["rows"]}
+        assert len(rows_a) == len(rows_b) == 32 and not rows_a & rows_b, "each step trains on its own prompts"
+        assert len(per_step[first]) == len(per_step[second]) == ga
+    if arm == "papo":  # one mask per prompt of a round: 8 prompts at step 0, 8 at step 2, none repeated
+        assert len(seeds) == len(set(seeds)) == 16 and {s[0] for s in seeds} == {0, 2}
+
+
+def test_direction_term_scores_the_untempered_policy(out):
+    """evi_po's direction term scores s(c|v) at temperature 1 whatever the sampling temperature (ARMS.md): at step 1
+    the four views of the step are scored by the same init weights, so loss/direction and the direction accuracy
+    must not depend on arm.temperature. Before, TRL's fused head divided the logits by it (softmax at tau x T)."""
+    rows = {t: metrics(run(out, "arm=evi_po", f"arm.temperature={t}", "budget.max_steps=1", "train.save_steps=1"))[1]
+            for t in (0.5, 1.0)}
+    assert rows[0.5]["loss/direction"] == pytest.approx(rows[1.0]["loss/direction"], rel=1e-5)
+    assert rows[0.5]["loss/direction"] > 0
+    for key in [k for k in rows[1.0] if k.endswith("/dir_acc")]:
+        assert rows[0.5][key] == pytest.approx(rows[1.0][key], abs=1e-6), key
