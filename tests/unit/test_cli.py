@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import json
-import statistics
 import subprocess
 import sys
-import time
 
 import pytest
 
-from tests.conftest import heavy_imports, run_harness
+from tests.conftest import REPO, heavy_imports, run_harness
 
 
 def test_mode_plan_prints_json_is_torch_free_and_writes_nothing(tmp_path):
@@ -27,20 +25,17 @@ def test_mode_plan_prints_json_is_torch_free_and_writes_nothing(tmp_path):
     assert list(tmp_path.iterdir()) == [], "mode=plan wrote into the working directory"
 
 
-def _median_wall(cmd: list[str], n: int = 3) -> float:
-    times = []
-    for _ in range(n):
-        t = time.perf_counter()
-        subprocess.run(cmd, capture_output=True, check=True, timeout=60)
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
-
-
-def test_mode_plan_costs_at_most_3x_importing_hydra(tmp_path):
-    base = _median_wall([sys.executable, "-c", "import hydra, omegaconf"])
-    plan = _median_wall([sys.executable, "-m", "harness", "mode=plan", f"output_root={tmp_path}"])
-    print(f"mode=plan {plan:.3f}s vs import hydra {base:.3f}s: {plan / base:.2f}x")
-    assert plan <= 3 * base, f"mode=plan took {plan:.3f}s, {plan / base:.2f}x of `import hydra, omegaconf` ({base:.3f}s)"
+def test_mode_plan_imports_only_the_control_plane(tmp_path):
+    """What mode=plan loads, not how long it takes (a wall-time ratio flakes on a loaded 2-core machine): the
+    third-party packages it imports are hydra's, omegaconf's and yaml's, nothing that trains or plots."""
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "harness", "mode=plan",
+                           f"output_root={tmp_path}"], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    top = {line.rsplit("|", 1)[1].strip().split(".")[0] for line in proc.stderr.splitlines() if line.count("|") == 2}
+    third_party = {m for m in top if not m.startswith("_") and m not in sys.stdlib_module_names}
+    allowed = {"harness", "arms", "hydra", "omegaconf", "antlr4", "yaml", "attr", "packaging", "sitecustomize",
+               "org", "imported package"}  # org: antlr4's; "imported package": the importtime header
+    assert third_party <= allowed, sorted(third_party - allowed)
 
 
 def test_identity_stable_across_processes(tmp_path):
@@ -94,11 +89,15 @@ def test_cfg_job_is_torch_free():
 
 
 def test_vllm_rollout_refused_naming_what_is_missing():
-    proc = run_harness("mode=plan", "rollout=vllm_colocate")
-    assert proc.returncode == 2
+    import importlib.util
+
     from harness.checks import cuda_visible
 
-    assert "vllm is not installed" in proc.stderr
+    if importlib.util.find_spec("vllm") is not None and cuda_visible():
+        pytest.skip("vllm and a CUDA device are here: nothing is missing (the gpu tests run the rollout)")
+    proc = run_harness("mode=plan", "rollout=vllm_colocate")
+    assert proc.returncode == 2
+    assert importlib.util.find_spec("vllm") is not None or "vllm is not installed" in proc.stderr
     assert cuda_visible() or "need a CUDA device" in proc.stderr
 
 

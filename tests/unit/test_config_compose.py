@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from omegaconf import OmegaConf
 from hydra.errors import ConfigCompositionException, MissingConfigException
 from omegaconf.errors import ValidationError
 
@@ -16,15 +17,28 @@ from tests.conftest import CONF
 GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir() and p.name != "hydra")  # hydra/: launcher configs
 OPTIONS = [(g, y.stem) for g in GROUPS for y in sorted((CONF / g).glob("*.yaml"))]
 
-# Options this CPU machine refuses at plan time, and the field the refusal must name.
-REFUSED_HERE = {
-    ("model", "qwen"): "model.hub_id",  # no real checkpoint in the local HF cache
-    ("rollout", "vllm_colocate"): "rollout",  # vllm not installed, no CUDA device
-    ("rollout", "vllm_server"): "rollout",
-    ("placement", "deepspeed"): "placement",  # deepspeed not installed, no CUDA device
-    ("placement", "deepspeed_zero3"): "placement",
-    ("placement", "fsdp"): "placement",  # no CUDA device: the Trainer would silently run plain DDP
-}
+def _refused_here() -> dict:
+    """Options this machine refuses at plan time, and the field the refusal must name: derived from what the
+    machine has (CUDA, vllm, deepspeed, the checkpoint in the HF cache), so a GPU node does not fail them."""
+    import importlib.util
+
+    from harness.checks import cuda_visible, find_cached_snapshot
+
+    gpu, has = cuda_visible(), (lambda m: importlib.util.find_spec(m) is not None)
+    out = {}
+    qwen = OmegaConf.load(CONF / "model" / "qwen.yaml")
+    if not qwen.get("path") and find_cached_snapshot(qwen.get("hub_id")) is None:
+        out[("model", "qwen")] = "model.hub_id"  # no real checkpoint in the local HF cache
+    if not (gpu and has("vllm")):
+        out.update({("rollout", "vllm_colocate"): "rollout", ("rollout", "vllm_server"): "rollout"})
+    if not (gpu and has("deepspeed")):
+        out.update({("placement", "deepspeed"): "placement", ("placement", "deepspeed_zero3"): "placement"})
+    if not gpu:
+        out[("placement", "fsdp")] = "placement"  # on CPU the Trainer would silently run plain DDP
+    return out
+
+
+REFUSED_HERE = _refused_here()
 
 
 def test_groups_are_the_designed_ones():

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-datasets = pytest.importorskip("datasets")
+import datasets  # noqa: E402  (a broken install must fail, not skip)
 
 from harness.data.convert import convert_hf  # noqa: E402
 from harness.data.records import load_split  # noqa: E402

@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-torch = pytest.importorskip("torch")
+import torch  # noqa: E402  (a broken install must fail, not skip)
 
 from arms.evi_po import candidate_tokens, direction_loss, evidence_loss  # noqa: E402
 
@@ -142,7 +142,6 @@ def test_candidate_tokens_of_unequal_length_keep_at_least_one_scored_token():
 
 
 def test_rl_dataset_rows_carry_their_views_linkage(tmp_path):
-    pytest.importorskip("datasets")
     from harness.data import ensure_synthetic, load_split
     from harness.trainsets import rl_dataset
 

@@ -20,8 +20,8 @@ import pytest
 
 from harness.models import tiny as tiny_mod
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
+import torch  # noqa: E402  (the project's own dependencies: a broken install must fail, not skip)
+import transformers  # noqa: E402,F401
 
 TINY = dict(hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=2, head_dim=32, intermediate_size=256,
             vision_width=64, vision_depth=2, vocab_size=512, init_seed=0)  # fmt: skip

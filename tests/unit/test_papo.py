@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-torch = pytest.importorskip("torch")
+import torch  # noqa: E402  (a broken install must fail, not skip)
 
 from arms.papo import k3, mask_image, mask_seed, masked_mean, papo_terms  # noqa: E402
 

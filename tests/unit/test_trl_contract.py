@@ -18,8 +18,8 @@ import inspect
 
 import pytest
 
-torch = pytest.importorskip("torch")
-trl = pytest.importorskip("trl")
+import torch  # the project's own dependencies: a broken install must fail, not skip
+import trl
 
 # --- part 1: the contract
 
