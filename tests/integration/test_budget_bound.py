@@ -65,7 +65,7 @@ def test_two_arms_two_seeds_are_budget_bound(tmp_path):
     assert sorted(r["stopped_by"] for r in rows) == ["budget"] * 4
     md = (sweep_dir / "report" / "report.md").read_text()
     assert md.count("| budget |") == 4
-    # the warm starts (40 steps of a 188-step epoch) say what cut their epoch prefix: max_steps
+    # the warm starts (60 steps of a 188-step epoch) say what cut their epoch prefix: max_steps
     warm = [json.loads((p / "completion.json").read_text()) for p in (tmp_path / "runs").glob("sft-*")]
     assert len(warm) == 2 and all(c["stopped_by"] == "max_steps" and c["stopped_by_source"] == "sft_prefix"
                                   for c in warm)

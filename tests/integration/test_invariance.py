@@ -11,7 +11,7 @@ accumulation 2, TRL generated once per micro-batch (other samples, another updat
 it trained on the same half batch twice within one step with a ratio of exactly 1.
 
 Runs are in-process (`lifecycle.execute` of a composed plan, as a one-process sweep runs its jobs) and share
-one output root, so the SFT warm start (debug=tiny: 40 steps, enough for reward differences within a group)
+one output root, so the SFT warm start (debug=tiny: 60 steps, enough for reward differences within a group)
 is trained once. Spies on TRL's private loss inputs record what each optimizer step trained on.
 """
 
