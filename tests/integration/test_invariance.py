@@ -121,13 +121,14 @@ def test_gradient_accumulation_changes_neither_samples_nor_update(out, arm):
         for key in ("loss", "grad_norm"):
             assert m[key] == pytest.approx(m_ref[key], rel=1e-5, abs=1e-7), (ga, key, m[key], m_ref[key])
         # Weights: float noise in a gradient is amplified by Adam's first step lr * g / (|g| + eps) where |g| is
-        # near eps (measured, evi_po: 4 of 960,512 weights differ by 1.2e-6 = 1.2% of lr, the rest by < 1e-7); a
-        # real difference (another batch, another normalization) moves most weights by ~lr = 1e-4.
+        # near eps (measured, evi_po: 4 of 960,512 weights differ by 1.2e-6 = 1.2% of lr; grpo from a 40-step warm
+        # start: 19 by up to 6.7e-7; the rest by < 1e-7); a real difference (another batch, another
+        # normalization) moves most weights by ~lr = 1e-4.
         w = weights(runs[ga])
         diff = {k: (w[k] - w_ref[k]).abs() for k in w_ref}
         worst = max(d.max().item() for d in diff.values())
         off = sum((d > 1e-7).sum().item() for d in diff.values()) / sum(d.numel() for d in diff.values())
-        assert worst <= 2e-6 and off <= 1e-5, f"accumulation {ga}: weights after step 1 differ by up to " \
+        assert worst <= 2e-6 and off <= 1e-3, f"accumulation {ga}: weights after step 1 differ by up to " \
                                               f"{worst:.3g}, {off:.2%} of them by more than 1e-7"
     init = Path(json.loads((ref / "run_manifest.json").read_text())["init"]["path"])  # the SFT warm start
     (init_file,) = init.glob("*.safetensors")
