@@ -27,6 +27,9 @@ from harness.rundir import atomic_write_json, now, read_json
 log = logging.getLogger("harness")
 
 
+RNG_STREAMS = ("python", "numpy", "torch_cpu")  # always present (harness.statedigest.rng_digests); cuda when used
+
+
 class ResumeAuditError(HarnessError):
     exit_code = 6
 
@@ -75,12 +78,16 @@ class ResumeAuditCallback(TrainerCallback):
                 continue  # no PEFT adapters on either side
             components[key] = {"expected": self.expected.get(key), "actual": self.actual.get(key),
                                "passed": self.expected.get(key) == self.actual.get(key)}
-        actual_rng = self.actual.get("rng") or {}
-        for stream, digest in (self.expected.get("rng") or {}).items() if only is None else ():
-            if digest is None and actual_rng.get(stream) is None:
-                continue  # e.g. no CUDA on either side
-            components[f"rng.{stream}"] = {"expected": digest, "actual": actual_rng.get(stream),
-                                           "passed": digest == actual_rng.get(stream)}
+        if only is None:
+            expected_rng, actual_rng = self.expected.get("rng") or {}, self.actual.get("rng") or {}
+            # every stream either side knows, and always the host ones: a checkpoint that recorded no RNG digests
+            # (or the restore never observed) fails by name instead of passing with nothing compared
+            for stream in sorted({*RNG_STREAMS, *expected_rng, *actual_rng}):
+                digest, got = expected_rng.get(stream), actual_rng.get(stream)
+                if stream not in RNG_STREAMS and digest is None and got is None:
+                    continue  # e.g. cuda: no CUDA on either side
+                components[f"rng.{stream}"] = {"expected": digest, "actual": got,
+                                               "passed": digest is not None and digest == got}
         passed = all(c["passed"] for c in components.values())
         audits = self.run_dir / "audits"
         n = len(list(audits.glob(f"resume-*-rank-{self.rank}.json"))) + 1 if audits.is_dir() else 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 
+import numpy as np
 import pytest
 import torch
 
@@ -56,6 +57,7 @@ def test_everything_restored_passes(tmp_path):
     ckpt = _checkpoint(tmp_path, model, opt, sched)
     report = _audit(tmp_path, ckpt, model, opt, sched).finish(4)
     assert report["status"] == "passed" and "adapters" in report["components"]
+    assert {"rng.python", "rng.numpy", "rng.torch_cpu"} <= set(report["components"])
     assert json.loads((tmp_path / "audits" / "resume-1-rank-0.json").read_text())["status"] == "passed"
 
 
@@ -66,6 +68,7 @@ def test_everything_restored_passes(tmp_path):
     (lambda m, o, s: setattr(s, "last_epoch", s.last_epoch + 1), "scheduler"),
     (lambda m, o, s: random.random(), "rng.python"),
     (lambda m, o, s: torch.rand(1), "rng.torch_cpu"),
+    (lambda m, o, s: np.random.rand(), "rng.numpy"),
 ])
 def test_each_unrestored_component_fails_the_audit_by_name(tmp_path, break_it, component):
     model, opt, sched = _setup()
@@ -77,3 +80,33 @@ def test_each_unrestored_component_fails_the_audit_by_name(tmp_path, break_it, c
     report = json.loads((tmp_path / "audits" / "resume-1-rank-0.json").read_text())
     failed = [k for k, c in report["components"].items() if not c["passed"]]
     assert report["status"] == "failed" and failed == component.split("+")
+
+
+@pytest.mark.parametrize("drop", ["all", "numpy"])
+def test_a_checkpoint_without_rng_digests_fails_instead_of_passing_vacuously(tmp_path, drop):
+    """An older or hand-made checkpoint that recorded no RNG digests (or lacks a stream) proves nothing about the
+    RNG restore: the audit fails naming the stream(s), it does not pass with nothing compared."""
+    model, opt, sched = _setup()
+    ckpt = _checkpoint(tmp_path, model, opt, sched)
+    manifest = json.loads((ckpt / "harness_checkpoint.json").read_text())
+    from harness.statedigest import rng_digests
+
+    rng = rng_digests()
+    manifest["state_digests"]["rank-0"]["rng"] = {} if drop == "all" else {k: v for k, v in rng.items() if k != drop}
+    (ckpt / "harness_checkpoint.json").write_text(json.dumps(manifest))
+    cb = _audit(tmp_path, ckpt, model, opt, sched)
+    with pytest.raises(ResumeAuditError, match="rng"):
+        cb.finish(4)
+    report = json.loads((tmp_path / "audits" / "resume-1-rank-0.json").read_text())
+    failed = sorted(k for k, c in report["components"].items() if not c["passed"])
+    assert failed == (["rng.numpy", "rng.python", "rng.torch_cpu"] if drop == "all" else ["rng.numpy"])
+
+
+def test_an_unobserved_rng_restore_fails(tmp_path):
+    """If the Trainer's RNG restore was never observed (the wrapped private method renamed), the audit fails."""
+    model, opt, sched = _setup()
+    ckpt = _checkpoint(tmp_path, model, opt, sched)
+    cb = ResumeAuditCallback(tmp_path, ckpt)
+    cb.on_train_begin(None, None, None, model=model, optimizer=opt, lr_scheduler=sched)
+    with pytest.raises(ResumeAuditError):
+        cb.finish(4)
