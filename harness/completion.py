@@ -3,9 +3,10 @@ except `write_completion`'s inputs (the trainer), which it only reads.
 
 For an RL run: the sum of ledger tokens equals realized_completion_tokens <= completion_token_ceiling;
 ledger completion ids are unique; trace rows match ledger rows one to one; there is at least one
-published checkpoint and every checkpoint's files match their digests; final_policy/ matches its
-manifest; the eval artifacts named exist. For SFT: the loss tokens counted up front equal the loss
-tokens the trainer actually trained on, and never exceed the cap.
+published checkpoint and every checkpoint's files match their digests; the logs are what the checkpoints'
+frontiers bound (nothing edited in a retained segment, nothing appended after the final checkpoint);
+final_policy/ matches its manifest; the eval artifacts named exist. For SFT: the loss tokens counted up
+front equal the loss tokens the trainer actually trained on, and never exceed the cap.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from harness.accounting import METRICS_PATH, read_rows
+from harness.accounting import METRICS_PATH, Frontier, FrontierError, check_frontier, read_rows
 from harness.checkpoint import CHECKPOINT_MANIFEST, checkpoint_problems, complete_checkpoints, list_checkpoints
 from harness.identity import sha256_file
 from harness.rundir import atomic_write_json, now, read_json
@@ -216,4 +217,50 @@ def check_evals(run_dir: Path, m: dict) -> list[str]:
     return out
 
 
-CHECKS = [check_completion_accounting, check_checkpoints, check_final_policy, check_metrics, check_evals]
+def check_log_frontiers(run_dir: Path, m: dict) -> list[str]:
+    """A completed run's logs end exactly at the frontier its final (latest complete) checkpoint bound.
+
+    For every log a retained checkpoint binds (each rank's ledger and trace, rank 0's metrics): the bytes
+    of the frontier's segment still hash to the recorded chain (`check_frontier`), and, for the latest
+    checkpoint, the file ends at the frontier: a row appended after the final checkpoint was never bound
+    to one, so no checkpoint accounts for it (the trainer writes nothing to the logs after its final save;
+    its end-of-training summary goes to completion.json, not metrics.jsonl).
+
+    Caveat: check_frontier re-hashes only a frontier's last segment (segment_start..offset), and retention
+    deletes older checkpoints, so only the union of the retained checkpoints' segments is covered. An edit
+    before the oldest retained segment (e.g. to a ledger's first rows) is caught only by the other checks
+    (token sums and counts against completion.json, unique ids, trace/ledger one to one).
+    """
+    if m.get("status") != "completed":
+        return []
+    ckpts = complete_checkpoints(run_dir)
+    out = []
+    for i, p in enumerate(ckpts):
+        try:
+            ranks = read_json(p / CHECKPOINT_MANIFEST).get("frontier") or {}
+        except (OSError, ValueError):
+            continue  # check_checkpoints reports the unreadable manifest
+        final = i == len(ckpts) - 1
+        for logs in ranks.values():
+            for kind, fj in logs.items():
+                try:
+                    f = Frontier.from_json(fj)
+                except TypeError:
+                    out.append(f"{p.name}/{CHECKPOINT_MANIFEST}: malformed {kind} frontier {fj!r}")
+                    continue
+                try:
+                    check_frontier(run_dir, f)
+                except FrontierError as exc:
+                    out.append(f"{str(exc).replace('the checkpoint', p.name)} (edited after it was bound?); fix: "
+                               f"restore the original {f.path}, or rerun the job into a new output_root")
+                    continue
+                size = (run_dir / f.path).stat().st_size
+                if final and size > f.offset:
+                    out.append(f"{f.path}: {size} bytes, past the final {p.name}'s frontier at {f.offset} bytes "
+                               f"({f.rows} rows): rows appended after the final checkpoint are unaccounted; fix: "
+                               f"truncate {f.path} to {f.offset} bytes, or rerun the job into a new output_root")
+    return out
+
+
+CHECKS = [check_completion_accounting, check_checkpoints, check_log_frontiers, check_final_policy, check_metrics,
+          check_evals]
