@@ -92,13 +92,12 @@ def complete_checkpoints(run_dir: Path) -> list[Path]:
 
 
 def apply_retention(run_dir: Path, keep_last: int) -> list[str]:
-    """Delete complete checkpoints beyond the latest `keep_last`, except permanent ones."""
+    """Keep the permanent checkpoints and the latest `keep_last` others; delete the rest. (The final checkpoint is
+    permanent and does not count against keep_last: a finished run keeps keep_last resumable points before it.)"""
     clean_removals(run_dir)
-    complete = complete_checkpoints(run_dir)
+    others = [p for p in complete_checkpoints(run_dir) if not read_json(p / CHECKPOINT_MANIFEST).get("permanent")]
     removed = []
-    for p in complete[:-keep_last] if keep_last > 0 else complete:
-        if read_json(p / CHECKPOINT_MANIFEST).get("permanent"):
-            continue
+    for p in others[:-keep_last] if keep_last > 0 else others:
         # Out of the checkpoint namespace first (one atomic rename), then delete: a process killed in the
         # middle of rmtree would otherwise leave a published manifest over missing files.
         doomed = p.with_name(f".removing-{p.name}")

@@ -10,12 +10,12 @@ import pytest
 from harness import checkpoint as ckpt
 
 
-def _publish(run_dir, step: int):
+def _publish(run_dir, step: int, permanent: bool = False):
     d = run_dir / "checkpoints" / f"checkpoint-{step}"
     d.mkdir(parents=True)
     for name in ("model.safetensors", "optimizer.pt", "scheduler.pt"):
         (d / name).write_bytes(bytes([step]) * 100)
-    ckpt.publish(d, step=step, identity={}, frontier={}, state={}, totals={}, permanent=False)
+    ckpt.publish(d, step=step, identity={}, frontier={}, state={}, totals={}, permanent=permanent)
 
 
 def test_a_kill_during_removal_leaves_no_half_checkpoint(tmp_path, monkeypatch):
@@ -42,3 +42,43 @@ def test_retention_keeps_the_newest_and_permanent(tmp_path):
         _publish(tmp_path, step)
     assert ckpt.apply_retention(tmp_path, keep_last=2) == ["checkpoint-2", "checkpoint-4"]
     assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == ["checkpoint-6", "checkpoint-8"]
+
+
+def test_an_older_permanent_checkpoint_survives_and_the_newest_non_permanent_are_kept(tmp_path):
+    """keep_last=2 over 2 (permanent), 4, 6, 8, 10: the permanent one stays although it is the oldest, the two
+    newest (8, 10) stay, and exactly the non-permanent ones outside the newest two (4, 6) are removed."""
+    for step in (2, 4, 6, 8, 10):
+        _publish(tmp_path, step, permanent=step == 2)
+    assert ckpt.apply_retention(tmp_path, keep_last=2) == ["checkpoint-4", "checkpoint-6"]
+    assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == ["checkpoint-2", "checkpoint-8", "checkpoint-10"]
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [
+        "checkpoint-10", "checkpoint-2", "checkpoint-8"]  # nothing else left behind (no .removing-*)
+    assert all(ckpt.checkpoint_problems(p) == [] for p in ckpt.list_checkpoints(tmp_path))
+    assert ckpt.apply_retention(tmp_path, keep_last=2) == []  # idempotent
+
+
+def test_keep_last_zero_removes_every_non_permanent_checkpoint(tmp_path):
+    """apply_retention(keep_last=0) keeps only the permanent checkpoints (not everything, which a plain
+    `complete[:-0]` slice would do). The config refuses train.keep_last=0 (test below), so only a direct call
+    reaches this."""
+    for step in (2, 4, 6):
+        _publish(tmp_path, step, permanent=step == 4)
+    assert ckpt.apply_retention(tmp_path, keep_last=0) == ["checkpoint-2", "checkpoint-6"]
+    assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == ["checkpoint-4"]
+
+
+def test_train_keep_last_zero_is_refused_by_the_config(plan_of):
+    from harness.errors import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        plan_of("train.keep_last=0")
+    assert [p.field for p in err.value.problems] == ["train.keep_last"] and "fix:" in str(err.value)
+
+
+def test_the_final_checkpoint_does_not_count_against_keep_last(tmp_path):
+    """At the end of a run (2, 4, 6 and the permanent final 8) keep_last=2 keeps 4 and 6 besides 8, as the README and
+    train.keep_last's help say. Before, the final one counted among the latest 2 and only 6 survived."""
+    for step in (2, 4, 6, 8):
+        _publish(tmp_path, step, permanent=step == 8)
+    assert ckpt.apply_retention(tmp_path, keep_last=2) == ["checkpoint-2"]
+    assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == ["checkpoint-4", "checkpoint-6", "checkpoint-8"]
