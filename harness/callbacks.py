@@ -186,7 +186,10 @@ class CheckpointCallback(TrainerCallback):
         if not state.is_world_process_zero:
             return control
         final = control.should_training_stop or step >= state.max_steps
-        totals = {k: sum(e["totals"].get(k, 0) for e in everyone) for k in mine["totals"]}
+        # counters of this rank's work add up over ranks; a TRL counter that TRL itself gathers over ranks
+        # ("trl_" prefix) is the same on every rank: rank 0's value, not a sum
+        totals = {k: mine["totals"][k] if k.startswith("trl_") else sum(e["totals"].get(k, 0) for e in everyone)
+                  for k in mine["totals"]}
         ckpt.publish(
             ckpt_dir, step=step, identity=self.ctx.plan.identity,
             frontier={f"rank-{r}": e["frontier"] for r, e in enumerate(everyone)},

@@ -248,7 +248,11 @@ def run_training(plan, run: RunDir) -> int:
     else:
         dataset, reward = sft_dataset(root, train_rows, is_vlm=is_vlm, seed=c["seed"]), None
     trainer_box: list = []  # the SFT trainer's running count of trained loss tokens goes into checkpoints
-    extra_totals = (lambda: {"trained_loss_tokens": trainer_box[0].trained_loss_tokens}) if not is_rl else None
+    # NOTE(trl-1.16): SFTTrainer logs num_tokens from an attribute (_total_train_tokens) that its checkpoints do
+    # not save, so a resumed run logged the tokens of the new process only (976 instead of 2928 at step 3): the
+    # harness saves it with its own counters and restores it (tests/integration/test_resume.py, bitwise resume)
+    extra_totals = (lambda: {"trained_loss_tokens": trainer_box[0].trained_loss_tokens,
+                             "trl_sft_total_train_tokens": trainer_box[0]._total_train_tokens}) if not is_rl else None
     callbacks = [BudgetCallback(ctx), MetricsCallback(ctx, console=c["logger"]["console"]),
                  CheckpointCallback(ctx, keep_last=c["train"]["keep_last"], extra_totals=extra_totals)]
     bctx = BuildContext(plan=plan, run_dir=run.path, model=policy.model, processor=policy.processor,
@@ -261,6 +265,7 @@ def run_training(plan, run: RunDir) -> int:
         ctx.loss_tokens = trainer.harness_loss_token_plan["loss_tokens"]
         if resume_from is not None:  # continue this rank's count of what was trained before the checkpoint
             trainer.trained_loss_tokens = rank_totals(resume_manifest, ctx.rank).get("trained_loss_tokens", 0)
+            trainer._total_train_tokens = rank_totals(resume_manifest, ctx.rank).get("trl_sft_total_train_tokens", 0)
     trainer.remove_callback(ProgressCallback)
     trainer.add_callback(QuietProgressCallback(ctx))
     from harness.smoke import install_kill_switch

@@ -45,6 +45,9 @@ def test_smoke_mode_passes(tmp_path, arm):
     audits = [json.loads(p.read_text()) for p in (run / "audits").glob("*.json")]
     assert audits and all(a["status"] == "passed" for a in audits)
     assert all(c["passed"] for a in audits for c in a["components"].values())
+    # the resume happened mid-run: weights, optimizer, scheduler and every RNG stream were compared
+    assert {"params", "optimizer", "scheduler", "rng.python", "rng.numpy", "rng.torch_cpu"} <= \
+        set(audits[0]["components"]), audits[0]["components"]
 
 
 def _original_format_copy(policy: Path, dst: Path) -> Path:
@@ -194,18 +197,24 @@ def test_changed_dataset_is_refused_with_a_diff(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("moment", ["random", "after_final_checkpoint"])
-def test_sigkill_at_a_random_moment_then_resume_is_bitwise_identical(tmp_path, moment):
+@pytest.mark.parametrize("arm, moment", [("grpo", "random"), ("grpo", "after_final_checkpoint"), ("sft", "random"),
+                                         ("evi_po", "random")])
+def test_sigkill_at_a_random_moment_then_resume_is_bitwise_identical(tmp_path, arm, moment):
     """Same command, interrupted by SIGKILL at a random moment after its first checkpoint (or right after
     its final one, while it saves the policy and evaluates) and started again, ends with the same policy
-    tensors, ledger and trace as the uninterrupted run (and no extra step)."""
+    tensors, ledger and trace (loss-token counts for sft) as the uninterrupted run, and no extra step. It must
+    have resumed: the second launch says from which checkpoint and its audit passed with every component (a
+    launch that threw the checkpoints away and retrained would be identical too)."""
     from safetensors.torch import load_file
 
     cache = tmp_path / "cache"
-    args = ["debug=tiny", f"data.cache_dir={cache}/data", f"model.cache_dir={cache}/models"]
+    args = ["debug=tiny", f"arm={arm}", f"data.cache_dir={cache}/data", f"model.cache_dir={cache}/models"]
     straight = run_harness(f"output_root={tmp_path / 'a'}", *args, timeout=600)
     assert straight.returncode == 0, straight.stderr[-3000:]
-    a = _run_dir(tmp_path / "a", "grpo")
+    a = _run_dir(tmp_path / "a", arm)
+    steps = json.loads((a / "completion.json").read_text())["optimizer_steps"]
+    first = 2  # debug=tiny: a checkpoint every 2 steps
+    assert steps > first + 2, f"the run is too short ({steps} steps) for a kill between checkpoints"
 
     rng = random.Random(os.getpid())
     plan = json.loads(run_harness("mode=plan", f"output_root={tmp_path / 'b'}", *args).stdout)
@@ -213,21 +222,43 @@ def test_sigkill_at_a_random_moment_then_resume_is_bitwise_identical(tmp_path, m
     env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
     proc = subprocess.Popen([sys.executable, "-m", "harness", f"output_root={tmp_path / 'b'}", *args], cwd=REPO,
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wait_for = b / "checkpoints" / ("checkpoint-2" if moment == "random" else "checkpoint-8") / "harness_checkpoint.json"
+    ckpt = f"checkpoint-{first if moment == 'random' else steps}"
+    wait_for = b / "checkpoints" / ckpt / "harness_checkpoint.json"
     deadline = time.time() + 300
     while not wait_for.exists() and proc.poll() is None and time.time() < deadline:
         time.sleep(0.02)
-    time.sleep(rng.uniform(0.0, 1.5) if moment == "random" else 0.0)
+    if not wait_for.exists():
+        proc.kill()
+        pytest.fail(f"{ckpt} was not published within 300 s (the run exited with {proc.poll()})")
+    delay = rng.uniform(0.0, 1.0) if moment == "random" else 0.0
+    time.sleep(delay)
     proc.send_signal(signal.SIGKILL)
-    if proc.wait() == 0:
-        pytest.skip("the run finished before the kill")
+    assert proc.wait() == -signal.SIGKILL, f"the run finished {delay:.2f} s after {ckpt}, before the kill"
+    assert not (b / "completion.json").exists()
+    killed_at = max(int(p.name.split("-")[1]) for p in (b / "checkpoints").glob("checkpoint-*")
+                    if (p / "harness_checkpoint.json").is_file())
     resumed = run_harness(f"output_root={tmp_path / 'b'}", *args, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resuming from checkpoint-{killed_at}" in resumed.stderr, resumed.stderr[-3000:]
+    audit = json.loads((b / "audits" / "resume-1-rank-0.json").read_text())
+    assert audit["status"] == "passed" and audit["checkpoint"] == f"checkpoint-{killed_at}"
+    if killed_at < steps:  # a step was still to come: the optimizer, scheduler and every RNG stream came back
+        assert {"params", "optimizer", "scheduler", "rng.python", "rng.numpy", "rng.torch_cpu"} <= \
+            set(audit["components"]), audit["components"]
+    else:
+        assert "params" in audit["components"]
 
     pa, pb = load_file(a / "final_policy" / "model.safetensors"), load_file(b / "final_policy" / "model.safetensors")
     assert pa.keys() == pb.keys() and all((pa[k] == pb[k]).all() for k in pa)
-    ledger = lambda d: [(r["completion_id"], r["tokens"]) for r in read_rows(d / "ledgers/rank-0.jsonl")]  # noqa: E731
-    trace = lambda d: [(r["completion_id"], r["reward"]) for r in read_rows(d / "traces/rank-0.jsonl")]  # noqa: E731
-    assert ledger(a) == ledger(b) and trace(a) == trace(b)
-    assert json.loads((b / "completion.json").read_text())["optimizer_steps"] == 8
+    ca, cb = (json.loads((d / "completion.json").read_text()) for d in (a, b))
+    assert cb["optimizer_steps"] == steps
+    if arm == "sft":
+        assert ca["realized_loss_tokens"] == cb["realized_loss_tokens"] == cb["planned_loss_tokens"]
+    else:
+        ledger = lambda d: [(r["completion_id"], r["tokens"]) for r in read_rows(d / "ledgers/rank-0.jsonl")]  # noqa: E731
+        trace = lambda d: [(r["completion_id"], r["reward"]) for r in read_rows(d / "traces/rank-0.jsonl")]  # noqa: E731
+        assert ledger(a) == ledger(b) and trace(a) == trace(b)
+    metric_rows = lambda d: [{k: v for k, v in r.items() if "time" not in k and "per_second" not in k}  # noqa: E731
+                             for r in read_rows(d / "metrics.jsonl")]
+    assert metric_rows(a) == metric_rows(b), "the logged losses and rewards differ from the uninterrupted run"
     assert verify(b) == []

@@ -58,6 +58,16 @@ def test_compute_loss_runs_one_policy_forward_through_the_helper():
     assert 'inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes' in src
 
 
+def test_sft_num_tokens_comes_from_an_attribute_that_checkpoints_do_not_save():
+    """The harness saves and restores SFTTrainer._total_train_tokens itself (harness/train.py): TRL logs num_tokens
+    from it and does not put it in its checkpoints. If TRL moves it (e.g. into TrainerState), revisit the fix."""
+    from trl import SFTTrainer
+
+    assert "self._total_train_tokens = 0" in inspect.getsource(SFTTrainer.__init__)
+    assert 'self._metrics[mode]["num_tokens"] = [self._total_train_tokens]' in inspect.getsource(SFTTrainer.compute_loss)
+    assert "_total_train_tokens" not in inspect.getsource(SFTTrainer._save_checkpoint)
+
+
 def test_trl_counts_steps_per_generation_in_micro_batches(tmp_path):
     """harness.rounds converts to TRL's units: TRL advances `_step` once per micro-batch (training_step), regenerates
     every steps_per_generation x num_iterations of them and buffers steps_per_generation slices. Handed the
