@@ -1,6 +1,6 @@
 """Multirun sweeps end to end with the real trainers: the acceptance sweep of issue 7 (four debug runs with
-eval artifacts), a failing job that does not stop the others, and Hydra's joblib launcher running jobs in
-parallel that share one SFT warm start."""
+eval artifacts), a failing job that does not stop the others (at plan time, and mid-training under joblib), and
+Hydra's joblib launcher running jobs in parallel that share one SFT warm start."""
 
 from __future__ import annotations
 
@@ -96,17 +96,43 @@ def test_a_failing_job_is_recorded_the_others_complete_and_the_report_lists_it(t
     assert "budget.max_steps=0" in failed and "exit" in failed.lower()
 
 
-def test_joblib_launcher_runs_jobs_in_parallel_sharing_the_warm_start(tmp_path):
-    proc = run_harness("-m", "arm=grpo,papo", "seed=0", "debug=tiny", "hydra/launcher=joblib",
-                       "hydra.launcher.n_jobs=2", f"output_root={tmp_path}", timeout=900)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+def test_joblib_jobs_share_the_warm_start_and_a_crash_mid_training_spares_the_other_job(tmp_path):
+    """Hydra's joblib launcher, two jobs in parallel sharing one SFT warm start; the grpo job raises inside
+    training (end of step 3, after checkpoint 2). The papo job completes, the sweep records the crash (exit 1, the
+    exception named, the run left `failed`, consistent for verify), and the same command again resumes the crashed
+    run from its checkpoint and leaves the completed one alone: nothing accepted is lost."""
+    from harness.smoke import KILL_HOW_ENV, KILL_RUN_ENV, KILL_STEP_ENV
+
+    args = ["-m", "arm=grpo,papo", "seed=0", "debug=tiny", "train.eval_after=false", "hydra/launcher=joblib",
+            "hydra.launcher.n_jobs=2", f"output_root={tmp_path}"]
+    grpo = json.loads(run_harness("mode=plan", "arm=grpo", "seed=0", "debug=tiny", "train.eval_after=false",
+                                  f"output_root={tmp_path}").stdout)
+    fault = {KILL_RUN_ENV: grpo["run_name"], KILL_STEP_ENV: "3", KILL_HOW_ENV: "raise"}
+    proc = run_harness(*args, env=fault, timeout=900)
+    assert proc.returncode == 1 and "1 failed job(s)" in proc.stderr, proc.stderr[-4000:]
+    assert "sweep job 0 failed: InjectedFault" in proc.stderr
     summary = json.loads((_sweep_dir(tmp_path) / "sweep.json").read_text())
-    assert summary["completed"] == 2 and "Joblib" in summary["launcher"]
+    assert "Joblib" in summary["launcher"] and summary["failed"] == [0] and summary["completed"] == 1
+    job = json.loads((_sweep_dir(tmp_path) / "jobs" / "0.json").read_text())
+    assert job["error"]["type"] == "InjectedFault" and job["run_dir"] == grpo["run_dir"]
+    crashed, papo = Path(grpo["run_dir"]), Path(summary["runs"][1]["run_dir"])
+    assert json.loads((crashed / "run_manifest.json").read_text())["status"] == "failed"
+    assert not (crashed / "completion.json").exists() and verify(crashed) == []
+    assert json.loads((papo / "completion.json").read_text())["status"] == "completed" and verify(papo) == []
     sft_runs = [p for p in (tmp_path / "runs").iterdir() if p.name.startswith("sft-")]
     assert len(sft_runs) == 1  # computed once, by whichever job took its lock first
     parents = {json.loads((Path(r["run_dir"]) / "run_manifest.json").read_text())["parent"]["run_dir"]
                for r in summary["runs"]}
     assert parents == {str(sft_runs[0])}
+
+    papo_bytes = (papo / "completion.json").read_bytes()
+    again = run_harness(*args, timeout=900)
+    assert again.returncode == 0, again.stderr[-4000:]
+    assert "resuming from checkpoint-2" in again.stderr and f"run {papo.name} is already complete" in again.stderr
+    audit = json.loads((crashed / "audits" / "resume-1-rank-0.json").read_text())
+    assert audit["status"] == "passed" and audit["checkpoint"] == "checkpoint-2"
+    assert json.loads((crashed / "completion.json").read_text())["status"] == "completed" and verify(crashed) == []
+    assert (papo / "completion.json").read_bytes() == papo_bytes
 
 
 def test_jobs_in_one_process_get_their_own_wandb_and_tensorboard_runs(tmp_path):
