@@ -202,3 +202,43 @@ def test_direction_term_scores_the_untempered_policy(out):
     assert rows[0.5]["loss/direction"] > 0
     for key in [k for k in rows[1.0] if k.endswith("/dir_acc")]:
         assert rows[0.5][key] == pytest.approx(rows[1.0][key], abs=1e-6), key
+
+
+@pytest.mark.parametrize("extra", [
+    ("arm.gradient_accumulation_steps=2", "arm.steps_per_generation=2", "arm.mask_truncated_completions=false"),
+    ("arm.gradient_accumulation_steps=4",),
+])
+def test_ledger_tokens_are_what_trl_trained_on(out, monkeypatch, extra):
+    """The budget counts what TRL samples and trains on, checked against TRL's own tensors (not the harness's
+    counter against its own ledger): per completion, the ledger's tokens are the row sum of the completion_mask the
+    loss is computed with (0 for a truncated completion when TRL masks those out, which the ledger still charges),
+    the round's total is TRL's num_items_in_batch, and TRL's logged completions/mean_length is the ledger's mean."""
+    from trl import GRPOTrainer
+
+    seen = []  # per generation: the step, completion_mask row sums, num_items_in_batch
+    generate = GRPOTrainer._generate_and_score_completions
+
+    def recording(self, inputs):
+        batch = generate(self, inputs)
+        seen.append((self.state.global_step, batch["completion_mask"].sum(1).tolist(),
+                     int(batch["num_items_in_batch"])))
+        return batch
+
+    monkeypatch.setattr(GRPOTrainer, "_generate_and_score_completions", recording)
+    d = run(out, "arm=grpo", "budget.max_steps=4", "train.save_steps=2", *extra)
+    masked = "arm.mask_truncated_completions=false" not in extra
+    ledger = list(read_rows(d / "ledgers/rank-0.jsonl"))
+    assert [s for s, _, _ in seen] == sorted({r["step"] for r in ledger}) and len(seen) >= 2
+    for step, mask_sums, items in seen:
+        rows = [r for r in ledger if r["step"] == step]
+        assert len(rows) == len(mask_sums)
+        charged = [r["tokens"] if r["terminated"] or not masked else 0 for r in rows]
+        assert charged == mask_sums, f"step {step}: ledger tokens differ from TRL's completion_mask"
+        assert items == sum(charged)
+    truncated = [r for r in ledger if not r["terminated"]]
+    assert all(r["tokens"] == 16 for r in truncated)  # a truncated completion ran to max_completion_length
+    lengths = {s: r["completions/mean_length"] for s, r in metrics(d).items() if "completions/mean_length" in r}
+    assert lengths, "TRL logged no completion lengths"
+    for step, mean in lengths.items():
+        rows = [r["tokens"] for r in ledger if r["step"] == step - 1]
+        assert mean == pytest.approx(sum(rows) / len(rows)), step

@@ -42,7 +42,37 @@ def check_two_rank_run(run: Path) -> dict:
     assert sum(rk["completion_tokens"] for rk in comp["ranks"]) == comp["realized_completion_tokens"] \
         <= comp["completion_token_ceiling"]
     assert verify(run) == []  # incl. unique ids across ranks, and equal replicas in every checkpoint
+    if "completion_token_ceiling" in comp:
+        check_budget_stop(run, comp)
     return comp
+
+
+def check_budget_stop(run: Path, comp: dict) -> None:
+    """Each rank holds ceiling // world of the budget; after every step the ranks all-reduce (MIN) whether each can
+    still afford the next round's worst case. So: both ranks' ledgers end at the same step, every earlier step
+    left every rank room for the next one, the last step left at least one rank without it, and the stop is a
+    permanent checkpoint at that step (the budget, not max_steps, ended the run)."""
+    from harness.checkpoint import CHECKPOINT_MANIFEST, complete_checkpoints
+    from harness.rounds import GenerationRound
+
+    plan = json.loads((run / "run_manifest.json").read_text())["plan"]
+    world = comp["world_size"]
+    rnd = GenerationRound.of(plan["config"]["arm"], world=world)
+    share, last = comp["completion_token_ceiling"] // world, comp["optimizer_steps"]
+    assert comp["stopped_by"] == "budget" and last < plan["budget"]["max_steps"], (comp["stopped_by"], last)
+    spent = []  # spent[r][g]: rank r's tokens after g optimizer steps
+    for r in range(world):
+        per_step = [0] * last
+        for row in read_rows(run / "ledgers" / f"rank-{r}.jsonl"):
+            per_step[row["step"]] += row["tokens"]
+        assert per_step[rnd.cycle * ((last - 1) // rnd.cycle)] > 0, f"rank {r} did not sample the last round"
+        spent.append([sum(per_step[:g]) for g in range(last + 1)])
+    room = [[spent[r][g] + (rnd.token_bound // world if rnd.opens_round(g) else 0) <= share for r in range(world)]
+            for g in range(last + 1)]
+    assert all(all(room[g]) for g in range(1, last)), "a rank went on although the next round could overflow it"
+    assert not all(room[last]), "stopped although every rank could afford the next round"
+    final = json.loads((complete_checkpoints(run)[-1] / CHECKPOINT_MANIFEST).read_text())
+    assert final["step"] == last and final["permanent"] and final["totals"]["stopped_by_budget"]
 
 
 @pytest.mark.parametrize("arm, extra", [
