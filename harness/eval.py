@@ -5,8 +5,10 @@ run's own dataset. Writes a derived artifact, eval/<split>.json (final policy) o
 eval/<split>-checkpoint-<N>.json, carrying the run's identity and the evaluated weights' digest, plus
 its predictions JSONL; the run's provenance (manifest, completion.json, ledgers, traces, checkpoints)
 is never touched. Every argument is checked before anything heavy is imported; the dataset on disk
-must still be the one the run trained on (content digest). An existing artifact for the same policy
-weights and settings is reported, not recomputed; one with other settings is replaced only with --force.
+must still be the one the run trained on (content digest; exit 4 otherwise, checked before an existing
+artifact is reused, so a stored result is never printed for changed data). An existing artifact for the
+same policy weights and settings is reported, not recomputed; one with other settings is replaced only
+with --force.
 
 Keys:
     split          a split of the run's dataset (default: the run's data.eval_split)
@@ -26,7 +28,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-from harness.errors import ConfigError, HarnessError, Problem
+from harness.errors import ConfigError, FieldDiff, HarnessError, Problem, ResumeMismatchError
 from harness.rundir import read_json
 
 log = logging.getLogger("harness")
@@ -35,6 +37,20 @@ KEYS = ("split", "policy", "max_items", "batch_size", "max_new_tokens")
 
 def _fail(field: str, value, why: str, fix: str) -> ConfigError:
     return ConfigError([Problem(field, value, why, fix)])
+
+
+class DataChangedError(ResumeMismatchError):
+    """The dataset on disk is not the one the run trained on (exit 4, as a resume of the run would be refused)."""
+
+    def __init__(self, run_dir: str, root: str, expected: str, actual: str):
+        self.run_dir, self.root = run_dir, root
+        self.diffs = [FieldDiff("identity.data.content_sha256", expected, actual)]
+        HarnessError.__init__(
+            self,
+            f"DataChangedError: the dataset at {root} is not the one {run_dir} trained on:\n"
+            f"  - identity.data.content_sha256: the run trained on {expected!r}, the dataset on disk has {actual!r}\n"
+            f"    fix: restore {root} to the data the run trained on, or train a new run on the changed data "
+            "(an eval of other data is not comparable with the run's own)")
 
 
 def parse_args(argv: list[str]) -> tuple[Path, dict, bool]:
@@ -141,14 +157,9 @@ def existing(job: SimpleNamespace, force: bool) -> dict | None:
                 "add --force to replace it (it is a derived artifact; the run itself is not touched)")
 
 
-def evaluate(job: SimpleNamespace) -> dict:
-    from harness.train import quiet_libraries
-
-    quiet_libraries()
-    from harness.data import data_identity, ensure_synthetic, load_split, validate_dataset
-    from harness.evaluate import eval_rows, run_eval
-    from harness.models import special_token_ids_to_suppress
-    from harness.policy import device_of, load_policy
+def check_data(job: SimpleNamespace) -> Path:
+    """The run's dataset root, validated and checked to be the one the run trained on; torch-free."""
+    from harness.data import data_identity, ensure_synthetic, validate_dataset
 
     c, ident = job.config, job.manifest["identity"]
     d = c["data"]
@@ -160,12 +171,23 @@ def evaluate(job: SimpleNamespace) -> dict:
                                 cache_dir=d["cache_dir"], workers=d["num_workers"])
     validate_dataset(root, cache_dir=Path(c["output_root"]) / "cache" / "validate", workers=d["num_workers"])
     content = data_identity(root)["sha256"]
-    if ident["data"].get("content_sha256") and content != ident["data"]["content_sha256"]:
-        from harness.errors import FieldDiff, ResumeMismatchError
+    expected = ident["data"].get("content_sha256")
+    if expected and content != expected:
+        raise DataChangedError(str(job.run_dir), str(root), expected, content)
+    return root
 
-        raise ResumeMismatchError(str(job.run_dir), [FieldDiff("identity.data.content_sha256",
-                                                               ident["data"]["content_sha256"], content)],
-                                  "the dataset on disk is not the one this run trained on; restore it")
+
+def evaluate(job: SimpleNamespace) -> dict:
+    from harness.train import quiet_libraries
+
+    quiet_libraries()
+    from harness.data import load_split
+    from harness.evaluate import eval_rows, run_eval
+    from harness.models import special_token_ids_to_suppress
+    from harness.policy import device_of, load_policy
+
+    c, ident = job.config, job.manifest["identity"]
+    root = getattr(job, "data_root", None) or check_data(job)
     rows = eval_rows(load_split(root, job.split), job.max_items)
     model, processor = load_policy(job.policy_path, base_path=ident["model"].get("base_path"), trainable=False)
     plan = SimpleNamespace(run_name=job.manifest["run_name"], identity=ident, config=c)
@@ -207,6 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run_dir, opts, force = parse_args(sys.argv[1:] if argv is None else argv)
         job = resolve(run_dir, opts)
+        job.data_root = check_data(job)  # before a stored result is reused: never report one for changed data
         old = existing(job, force)
         if old is not None:
             print_result(old, job.out, cached=True)
