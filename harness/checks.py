@@ -294,6 +294,11 @@ def check_rollout_and_placement(cfg: Config, out: Findings) -> None:
                       "run on a GPU node, or use rollout=hf")
         if not isinstance(cfg.arm, GrpoArm):
             out.error("rollout", r.name, "arm=sft samples nothing", "use rollout=hf with arm=sft")
+        if r.importance_sampling_correction and r.importance_sampling_clip_min >= r.importance_sampling_clip_max:
+            # TRL's GRPOConfig refuses it too, but only on the GPU node once the model is loaded
+            out.error("rollout.importance_sampling_clip_min", r.importance_sampling_clip_min,
+                      f"must be below rollout.importance_sampling_clip_max ({r.importance_sampling_clip_max})",
+                      "lower clip_min (0.0 masks nothing from below) or raise clip_max")
     elif r.vllm_mode is not None:
         out.error("rollout.vllm_mode", r.vllm_mode.value, "is set but rollout.backend=hf", "unset it or use a vllm rollout")
     if p.kind is PlacementKind.single and p.num_processes != 1:

@@ -134,8 +134,10 @@ def test_candidate_tokens_strip_the_shared_prefix_and_closing_tag():
 def test_candidate_tokens_of_unequal_length_keep_at_least_one_scored_token():
     prefix, conts, scored = candidate_tokens([[1, 5, 6, 9], [1, 5, 9], [1, 7, 8, 8, 9]])
     assert prefix == [1] and scored == [2, 1, 3]
-    prefix, conts, scored = candidate_tokens([[1, 2], [1, 2, 2]])  # one a prefix of the other
-    assert prefix == [1] and all(n >= 1 for n in scored)
+    assert conts == [[5, 6, 9], [5, 9], [7, 8, 8, 9]]  # the shared closing token 9 is not scored
+    # one a prefix of the other: the prefix stops one token short of the shorter candidate, no suffix is shared
+    prefix, conts, scored = candidate_tokens([[1, 2], [1, 2, 2]])
+    assert prefix == [1] and conts == [[2], [2, 2]] and scored == [1, 2]
 
 
 # --- the views column (harness.trainsets)

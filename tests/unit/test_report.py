@@ -44,11 +44,12 @@ def make_run(root: Path, arm: str, seed: int, acc: float | None = None, *, befor
              parent: str | None = None, complete: bool = True, direction: float | None = None,
              abst_full: float = 0.0, wall: float = 10.0, subdir: str = "runs", stopped_by: str = "max_steps",
              max_steps: int | None = None, steps_per_generation: int = 1, sft_rows: int = 40,
-             plan_budget: bool = True) -> Path:
+             plan_budget: bool = True, model: str | dict = MODEL) -> Path:
     """A minimal but faithful run dir: manifest (plan with its budget summary, identity), completion.json,
     eval/test(-before).json, and for RL arms two ranks of ledger (tokens[r] per step each) and trace rows
     (rewards[step]). RL rounds: 2 prompts x 4 generations per step, max_completion_length 16 (a step's
-    bound 128 tokens), `steps_per_generation` steps per round. `max_steps` (default `steps`) is the cap."""
+    bound 128 tokens), `steps_per_generation` steps per round. `max_steps` (default `steps`) is the cap.
+    `model`: the model's files_sha256, or a whole identity.model block."""
     max_steps = steps if max_steps is None else max_steps
     rl = arm != "sft"
     round_knobs = {"prompts_per_step": 2, "num_generations": 4, "max_completion_length": 16,
@@ -59,12 +60,14 @@ def make_run(root: Path, arm: str, seed: int, acc: float | None = None, *, befor
               "data": {"name": "synthetic", "eval_split": "test", "cache_dir": str(root / "cache")},
               "train": {"logging_steps": 1}}
     semantic = {k: v for k, v in config.items() if k not in ("output_root", "mode")}
-    sem = hashlib.sha256(json.dumps([semantic, data], sort_keys=True).encode()).hexdigest()
+    sem = hashlib.sha256(json.dumps([semantic, data] + ([model] if model != MODEL else []),
+                                    sort_keys=True).encode()).hexdigest()
     name = f"{arm}-tiny-s{seed}-{sem[:8]}"
     run_dir = root / subdir / name
     ident = {"config_sha256": sem, "semantic_sha256": sem, "non_semantic_fields": NON_SEMANTIC,
              "data": {"kind": "synthetic", "spec_sha256": "s" * 64, "content_sha256": data, "root": str(root / "d")},
-             "model": {"kind": "tiny", "spec_sha256": "t" * 64, "files_sha256": MODEL, "base_path": str(root / "m")},
+             "model": model if isinstance(model, dict) else {"kind": "tiny", "spec_sha256": "t" * 64, "files_sha256": model,
+                                                              "base_path": str(root / "m")},
              "code": {"commit": "abc123" * 6 + "abcd", "dirty": False, "diff_sha256": None}}
     planned = {**ident, "data": {**ident["data"], "content_sha256": None}, "model": {**ident["model"], "files_sha256": None}}
     a = config["arm"]
@@ -283,6 +286,42 @@ def test_groups_split_on_data_identity(tmp_path):
     assert len(rep["groups"]) == 1 and rep["identity_note"] is None
     assert sorted(p.name for p in (root / "report").glob("*.png")) == [
         "budget_use.png", "eval_accuracy_by_relation.png", "reward_vs_tokens.png"]
+
+
+def test_groups_split_on_model_identity(tmp_path):
+    """Runs identical but for the model (its files_sha256) land in separate groups and are never averaged
+    together; identical runs share one group (and one condition)."""
+    root = tmp_path / "o"
+    for s in range(2):
+        make_run(root, "grpo", s, 0.5 + 0.1 * s)  # model MODEL ("mmm...")
+    other = "f" * 64
+    make_run(root, "grpo", 0, 0.9, model=other)
+    rep, md = build_report(root)
+    assert rep["counts"]["runs"] == 3 and len(rep["groups"]) == 2
+    assert [g["model"] for g in rep["groups"]] == ["files_sha256 " + "m" * 12, "files_sha256 " + "f" * 12]  # larger first
+    assert rep["identity_note"].startswith("2 groups: runs differ in model identity")
+    assert _cond(rep, "grpo", 0)["metrics"]["eval/accuracy"]["mean"] == pytest.approx(0.55)  # never averaged with 0.9
+    assert _cond(rep, "grpo", 0)["metrics"]["eval/accuracy"]["n"] == 2
+    assert _cond(rep, "grpo", 1)["metrics"]["eval/accuracy"]["mean"] == pytest.approx(0.9)
+    assert "2 groups: runs differ in model identity" in md.read_text()
+
+
+def test_groups_split_on_model_identity_without_file_digests(tmp_path):
+    """A pretrained model identity without files_sha256 is keyed by its other fields (hub id, revision, config
+    digest; paths ignored): another checkpoint is another group, the same one at another path is not."""
+    root = tmp_path / "o"
+
+    def qwen(hub_id: str, revision: str, path: str) -> dict:
+        return {"kind": "pretrained", "hub_id": hub_id, "path": path, "revision": revision,
+                "config_sha256": hashlib.sha256(hub_id.encode()).hexdigest(), "files_sha256": None}
+
+    make_run(root, "grpo", 0, 0.5, model=qwen("Qwen/Qwen2.5-VL-3B-Instruct", "r1", "/a/snap"))
+    make_run(root, "grpo", 1, 0.7, model=qwen("Qwen/Qwen2.5-VL-3B-Instruct", "r1", "/b/elsewhere"))
+    make_run(root, "grpo", 0, 0.9, model=qwen("Qwen/Qwen2.5-VL-7B-Instruct", "r1", "/a/snap"))
+    rep, _ = build_report(root)
+    assert len(rep["groups"]) == 2 and rep["identity_note"].startswith("2 groups: runs differ in model identity")
+    assert _cond(rep, "grpo", 0)["metrics"]["eval/accuracy"]["mean"] == pytest.approx(0.6)  # the 3B seeds 0, 1
+    assert _cond(rep, "grpo", 1)["metrics"]["eval/accuracy"]["mean"] == pytest.approx(0.9)  # the 7B run alone
 
 
 def test_second_run_of_a_seed_is_listed_not_averaged(tmp_path):
