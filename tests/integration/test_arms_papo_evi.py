@@ -91,11 +91,18 @@ def test_arm_metrics_are_logged(runs, arm, keys):
     assert [r["step"] for r in rows] == list(range(1, comp["optimizer_steps"] + 1))
     seen = set().union(*rows)
     assert not [k for k in keys if k not in seen]
-    if arm == "papo":  # the perception KL is >= 0 and logged every step
-        assert all(r["loss/kl_prcp"] >= 0 for r in rows)
-    else:  # per-relation rollout metrics are rates
-        rates = [r[k] for r in rows for k in r if k.startswith("evi/") and k.endswith(("accuracy", "abstain"))]
-        assert rates and all(0 <= v <= 1 for v in rates)
+    if arm == "papo":  # the masked image moves the policy: the perception KL is logged and not identically 0
+        assert all("loss/kl_prcp" in r for r in rows) and max(r["loss/kl_prcp"] for r in rows) > 0
+    else:  # the arm's own grading of each step's rollouts agrees with the reward trace, relation by relation
+        trace = list(read_rows(runs[arm] / "traces/rank-0.jsonl"))
+        checked = 0
+        for r in rows:
+            for rel in ("FULL", "CONTROL", "MISSING", "SUBSTITUTE"):
+                graded = [t["correct"] for t in trace if t["step"] == r["step"] - 1 and t["relation"] == rel]
+                if graded:
+                    assert r[f"evi/{rel}/accuracy"] == pytest.approx(sum(graded) / len(graded)), (r["step"], rel)
+                    checked += 1
+        assert checked >= len(rows)
 
 
 def test_resumed_papo_run_matches_the_straight_run(runs):
@@ -103,9 +110,12 @@ def test_resumed_papo_run_matches_the_straight_run(runs):
     assert verify(resumed) == []
     ids = lambda run: [(r["completion_id"], r["tokens"]) for r in read_rows(run / "ledgers/rank-0.jsonl")]  # noqa: E731
     assert ids(resumed) == ids(straight)  # the same samples, step by step
-    a = {r["step"]: r for r in read_rows(straight / "metrics.jsonl")}
-    b = {r["step"]: r for r in read_rows(resumed / "metrics.jsonl")}
-    assert a.keys() == b.keys()
-    for step in sorted(a):
-        for key in ("loss", "loss/kl_prcp", "papo/entropy_masked", "reward"):
-            assert b[step][key] == pytest.approx(a[step][key], rel=1e-5, abs=1e-8), (step, key)
+    # bit for bit: every logged value but the timings, and the final weights (a rel=1e-5 match would let a
+    # resumed run drift, e.g. from a mask drawn off another RNG state, as long as it drifted slowly)
+    rows = lambda run: [{k: v for k, v in r.items() if "time" not in k and "per_second" not in k}  # noqa: E731
+                        for r in read_rows(run / "metrics.jsonl")]
+    assert rows(resumed) == rows(straight) and {"loss/kl_prcp", "papo/entropy_masked"} <= set(rows(resumed)[-1])
+    assert (resumed / "final_policy/model.safetensors").read_bytes() == \
+        (straight / "final_policy/model.safetensors").read_bytes()
+    audit = json.loads((resumed / "audits/resume-1-rank-0.json").read_text())
+    assert audit["status"] == "passed" and audit["checkpoint"] == "checkpoint-4"

@@ -77,7 +77,7 @@ def check_budget_stop(run: Path, comp: dict) -> None:
 
 @pytest.mark.parametrize("arm, extra", [
     ("grpo", []),
-    ("papo", []),
+    pytest.param("papo", [], marks=pytest.mark.slow),  # the same launch path as grpo; ~30 s
     # 4 micro-batches per step: rank 0 holds every view's first completion, so only rank 0 runs the
     # direction forward through the DDP model (84 vs 52 forwards, counted); with DDP's buffer broadcast
     # per forward this configuration hung.
@@ -133,6 +133,7 @@ def test_driver_form_and_resume_after_a_kill(tmp_path):
         (reference / "final_policy/model.safetensors").read_bytes()
 
 
+@pytest.mark.slow
 def test_multirun_of_two_rank_jobs(tmp_path):
     proc = run_harness("-m", "arm=sft", "seed=0,1", "placement=ddp", "debug=tiny", "budget.max_steps=4",
                        f"output_root={tmp_path}", timeout=300)
@@ -163,6 +164,7 @@ def test_resume_with_another_world_size_is_refused(tmp_path):
     assert "written by 1 rank(s), this launch has 2" in again.stderr and "placement.num_processes=1" in again.stderr
 
 
+@pytest.mark.slow  # the driver form's kill/resume test above covers two ranks in the default suite
 def test_smoke_self_test_with_two_ranks(tmp_path):
     proc = run_harness("run_mode=smoke", "placement=ddp", "arm=grpo", "debug=tiny", f"output_root={tmp_path}",
                        timeout=600)

@@ -36,7 +36,8 @@ def _killed_run(out: Path, *overrides: str, kill_step: int, cache: Path | None =
     return Path(plan["run_dir"])
 
 
-@pytest.mark.parametrize("arm", ["grpo", "sft", "papo", "evi_po"])
+# grpo in the default suite; the other arms' smoke runs (~30 s each) with the slow tests
+@pytest.mark.parametrize("arm", ["grpo", *(pytest.param(a, marks=pytest.mark.slow) for a in ("sft", "papo", "evi_po"))])
 def test_smoke_mode_passes(tmp_path, arm):
     proc = run_harness("run_mode=smoke", "debug=tiny", f"arm={arm}", f"output_root={tmp_path}", timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -137,7 +138,7 @@ def killed_after_step_5(tmp_path_factory):
     return root, run
 
 
-@pytest.mark.parametrize("kind", ["torn", "digest", "missing_optimizer"])
+@pytest.mark.parametrize("kind", ["digest", *(pytest.param(k, marks=pytest.mark.slow) for k in ("torn", "missing_optimizer"))])
 def test_corrupted_checkpoint_is_skipped_by_name_and_reported(killed_after_step_5, tmp_path, kind):
     root, run = killed_after_step_5
     out = tmp_path / "out"
