@@ -27,9 +27,6 @@ from harness.rundir import atomic_write_json, now, read_json
 log = logging.getLogger("harness")
 
 
-RNG_STREAMS = ("python", "numpy", "torch_cpu")  # always present (harness.statedigest.rng_digests); cuda when used
-
-
 class ResumeAuditError(HarnessError):
     exit_code = 6
 
@@ -79,12 +76,14 @@ class ResumeAuditCallback(TrainerCallback):
             components[key] = {"expected": self.expected.get(key), "actual": self.actual.get(key),
                                "passed": self.expected.get(key) == self.actual.get(key)}
         if only is None:
+            from harness.statedigest import HOST_RNG_STREAMS
+
             expected_rng, actual_rng = self.expected.get("rng") or {}, self.actual.get("rng") or {}
             # every stream either side knows, and always the host ones: a checkpoint that recorded no RNG digests
             # (or the restore never observed) fails by name instead of passing with nothing compared
-            for stream in sorted({*RNG_STREAMS, *expected_rng, *actual_rng}):
+            for stream in sorted({*HOST_RNG_STREAMS, *expected_rng, *actual_rng}):
                 digest, got = expected_rng.get(stream), actual_rng.get(stream)
-                if stream not in RNG_STREAMS and digest is None and got is None:
+                if stream not in HOST_RNG_STREAMS and digest is None and got is None:
                     continue  # e.g. cuda: no CUDA on either side
                 components[f"rng.{stream}"] = {"expected": digest, "actual": got,
                                                "passed": digest is not None and digest == got}

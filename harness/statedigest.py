@@ -64,7 +64,11 @@ def scheduler_digest(scheduler: Any) -> str | None:
     return None if scheduler is None else digest(scheduler.state_dict())
 
 
+HOST_RNG_STREAMS = ("python", "numpy", "torch_cpu")  # always digested; "cuda" only where CUDA is in use
+
+
 def rng_digests() -> dict[str, str | None]:
+    """Every RNG stream the Trainer checkpoints: the host ones (HOST_RNG_STREAMS) and cuda (None without CUDA)."""
     out = {
         "python": digest(list(random.getstate())),
         "numpy": digest(list(np.random.get_state())),

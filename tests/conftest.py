@@ -55,6 +55,14 @@ def run_harness(*args: str, module: str = "harness", cwd: Path | None = None, ti
                           text=True, timeout=timeout, env=full_env)
 
 
+def logged_values(run_dir: Path) -> list[dict]:
+    """metrics.jsonl without its wall-clock fields: what two runs of the same config must log identically."""
+    from harness.accounting import METRICS_PATH, read_rows
+
+    return [{k: v for k, v in r.items() if "time" not in k and "per_second" not in k}
+            for r in read_rows(run_dir / METRICS_PATH)]
+
+
 HEAVY = ("torch", "transformers", "trl", "peft", "accelerate")
 
 

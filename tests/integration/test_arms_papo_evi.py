@@ -19,7 +19,7 @@ import pytest
 
 from harness.accounting import read_rows
 from harness.verify import verify
-from tests.conftest import REPO, run_harness
+from tests.conftest import REPO, logged_values, run_harness
 
 ENV = {"OMP_NUM_THREADS": "1"}  # the same kernels in every run, so the resumed run can match bit for bit
 PAPO_KEYS = ("loss/kl_prcp", "loss/papo", "papo/entropy_orig", "papo/entropy_masked", "papo/kl_clip_ratio",
@@ -112,9 +112,8 @@ def test_resumed_papo_run_matches_the_straight_run(runs):
     assert ids(resumed) == ids(straight)  # the same samples, step by step
     # bit for bit: every logged value but the timings, and the final weights (a rel=1e-5 match would let a
     # resumed run drift, e.g. from a mask drawn off another RNG state, as long as it drifted slowly)
-    rows = lambda run: [{k: v for k, v in r.items() if "time" not in k and "per_second" not in k}  # noqa: E731
-                        for r in read_rows(run / "metrics.jsonl")]
-    assert rows(resumed) == rows(straight) and {"loss/kl_prcp", "papo/entropy_masked"} <= set(rows(resumed)[-1])
+    assert logged_values(resumed) == logged_values(straight)
+    assert {"loss/kl_prcp", "papo/entropy_masked"} <= set(logged_values(resumed)[-1])
     assert (resumed / "final_policy/model.safetensors").read_bytes() == \
         (straight / "final_policy/model.safetensors").read_bytes()
     audit = json.loads((resumed / "audits/resume-1-rank-0.json").read_text())

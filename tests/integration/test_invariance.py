@@ -236,7 +236,8 @@ def test_ledger_tokens_are_what_trl_trained_on(out, monkeypatch, extra):
         assert charged == mask_sums, f"step {step}: ledger tokens differ from TRL's completion_mask"
         assert items == sum(charged)
     truncated = [r for r in ledger if not r["terminated"]]
-    assert all(r["tokens"] == 16 for r in truncated)  # a truncated completion ran to max_completion_length
+    max_len = json.loads((d / "run_manifest.json").read_text())["plan"]["config"]["arm"]["max_completion_length"]
+    assert all(r["tokens"] == max_len for r in truncated)  # a truncated completion ran to max_completion_length
     lengths = {s: r["completions/mean_length"] for s, r in metrics(d).items() if "completions/mean_length" in r}
     assert lengths, "TRL logged no completion lengths"
     for step, mean in lengths.items():

@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 
 from harness.accounting import read_rows
+from harness.checkpoint import complete_checkpoints, step_of
 from harness.smoke import KILL_RUN_ENV, KILL_STEP_ENV
 from harness.verify import verify
-from tests.conftest import REPO, run_harness
+from tests.conftest import REPO, logged_values, run_harness
 
 
 def _run_dir(out: Path, arm: str) -> Path:
@@ -236,8 +237,7 @@ def test_sigkill_at_a_random_moment_then_resume_is_bitwise_identical(tmp_path, a
     proc.send_signal(signal.SIGKILL)
     assert proc.wait() == -signal.SIGKILL, f"the run finished {delay:.2f} s after {ckpt}, before the kill"
     assert not (b / "completion.json").exists()
-    killed_at = max(int(p.name.split("-")[1]) for p in (b / "checkpoints").glob("checkpoint-*")
-                    if (p / "harness_checkpoint.json").is_file())
+    killed_at = step_of(complete_checkpoints(b)[-1])
     resumed = run_harness(f"output_root={tmp_path / 'b'}", *args, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resuming from checkpoint-{killed_at}" in resumed.stderr, resumed.stderr[-3000:]
@@ -259,7 +259,5 @@ def test_sigkill_at_a_random_moment_then_resume_is_bitwise_identical(tmp_path, a
         ledger = lambda d: [(r["completion_id"], r["tokens"]) for r in read_rows(d / "ledgers/rank-0.jsonl")]  # noqa: E731
         trace = lambda d: [(r["completion_id"], r["reward"]) for r in read_rows(d / "traces/rank-0.jsonl")]  # noqa: E731
         assert ledger(a) == ledger(b) and trace(a) == trace(b)
-    metric_rows = lambda d: [{k: v for k, v in r.items() if "time" not in k and "per_second" not in k}  # noqa: E731
-                             for r in read_rows(d / "metrics.jsonl")]
-    assert metric_rows(a) == metric_rows(b), "the logged losses and rewards differ from the uninterrupted run"
+    assert logged_values(a) == logged_values(b), "the logged losses and rewards differ from the uninterrupted run"
     assert verify(b) == []
