@@ -1,37 +1,48 @@
-"""The arm registry: one entry per arm; its key, conf/arm/<name>.yaml and arms/<name>.py share the name.
+"""The arm registry: every package arms/<name>/ whose __init__ defines `ARM = ArmSpec(...)` is an arm.
 
-Torch-free: the planner reads it. Trainer classes are imported lazily by `load_trainer` inside the
-process that trains.
+Adding an arm means adding that package (config, terms, trainer) and conf/arm/<name>.yaml; nothing in
+harness/ names an arm. Torch-free: the planner reads the registry; an arm's trainer module is imported by
+`build_trainer`, inside the process that trains.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
-from dataclasses import dataclass
+import pkgutil
+
+from arms.common import ArmSpec
+
+#: the order of the built-in arms in tables and plots; arms added later follow, by name
+ORDER = ("sft", "grpo", "papo", "evi_po")
 
 
-@dataclass(frozen=True)
-class ArmSpec:
-    name: str
-    rl: bool  # samples completions (token budget, ledger) vs supervised (loss-token cap)
-    summary: str
+@functools.cache
+def registry() -> dict[str, ArmSpec]:
+    """name -> ArmSpec of every arm package, in ORDER then by name."""
+    found = {}
+    for info in pkgutil.iter_modules(__path__):
+        if not info.ispkg:
+            continue
+        spec = getattr(importlib.import_module(f"{__name__}.{info.name}"), "ARM", None)
+        if spec is None:
+            continue
+        if spec.name != info.name:
+            raise ValueError(f"arms/{info.name}/__init__.py registers the arm {spec.name!r}: the package, the "
+                             "ArmSpec name and conf/arm/<name>.yaml share one name")
+        found[spec.name] = spec
+    rank = {name: i for i, name in enumerate(ORDER)}
+    return dict(sorted(found.items(), key=lambda kv: (rank.get(kv[0], len(rank)), kv[0])))
 
-    @property
-    def module(self) -> str:
-        return f"arms.{self.name}"
 
-
-ARMS: dict[str, ArmSpec] = {
-    spec.name: spec
-    for spec in (
-        ArmSpec("sft", rl=False, summary="TRL SFTTrainer, completion-only loss, loss-token cap"),
-        ArmSpec("grpo", rl=True, summary="TRL GRPOTrainer with the harness reward function"),
-        ArmSpec("papo", rl=True, summary="GRPO + implicit perception loss on masked images (arXiv 2507.06448)"),
-        ArmSpec("evi_po", rl=True, summary="GRPO + direction and evidence terms over an item's views (ARMS.md)"),
-    )
-}
+def get(name: str) -> ArmSpec:
+    """The arm's entry; a KeyError names the registered arms."""
+    arms = registry()
+    if name not in arms:
+        raise KeyError(f"{name!r} is not a registered arm ({', '.join(arms)})")
+    return arms[name]
 
 
 def build_trainer(name: str, ctx):
     """The arm's TRL trainer, built from an arms.common.BuildContext (imports torch and trl)."""
-    return importlib.import_module(ARMS[name].module).build_trainer(ctx)
+    return importlib.import_module(get(name).trainer).build_trainer(ctx)

@@ -1,6 +1,7 @@
-"""What every arm's trainer shares: TrainingArguments from the plan, and the build context.
+"""What every arm shares: its registry entry (ArmSpec), the build context of its trainer and the
+TrainingArguments fields taken from the plan.
 
-Torch-free at import (the registry is read by the planner); trainers import TRL lazily.
+Torch-free at import (the registry is read by the planner); trainers import TRL in arms/<name>/trainer.py.
 """
 
 from __future__ import annotations
@@ -11,9 +12,53 @@ from pathlib import Path
 from typing import Any
 
 
+#: What an arm's kind decides, everywhere (one place each): the budget (sampled completion tokens vs
+#: loss-bearing tokens, harness.plan), the dataset builder (harness.trainsets), the ledger and trace
+#: (harness.stages.train), eval before training, the counters a checkpoint records, completion.json and the
+#: report's columns. "distill" is reserved for the on-policy distillation arm.
+KINDS = ("sft", "rl")
+
+
+@dataclass(frozen=True)
+class ArmSpec:
+    """One arm's registry entry, `ARM` in arms/<name>/__init__.py (torch-free).
+
+    name     the arm's key: arm=<name>, conf/arm/<name>.yaml, arms/<name>/
+    kind     sft (supervised, loss-token cap) | rl (samples completions: token budget, ledger, trace)
+    config   the arm's config dataclass (extends harness.config.fields.ArmConfig), the only declaration of
+             its knobs; its `check(cfg, out)` adds the arm's plan-time rules
+    summary  one line for --help and the report
+    trainer  the module with `build_trainer(ctx: BuildContext)` (imports torch and trl; loaded lazily)
+    color    the arm's colour in the report's plots (a matplotlib colour), or None for the next free one
+    """
+
+    name: str
+    kind: str
+    config: type
+    summary: str
+    trainer: str = ""
+    color: str | None = None
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"arm {self.name}: kind {self.kind!r} is not one of {KINDS}")
+        if not self.trainer:
+            object.__setattr__(self, "trainer", f"arms.{self.name}.trainer")
+
+    @property
+    def rl(self) -> bool:
+        return self.kind == "rl"
+
+
 @dataclass
 class BuildContext:
-    """Everything an arm needs to build its TRL trainer."""
+    """Everything an arm needs to build its TRL trainer (`build_trainer(ctx)` in arms/<name>/trainer.py).
+
+    The trainer may carry two optional methods, the counters protocol: `checkpoint_totals() -> dict` (this
+    rank's counters every checkpoint records next to the harness's own) and `restore_checkpoint_totals(d)`
+    (called on resume with what the checkpoint recorded). An sft-kind trainer also sets
+    `harness_loss_token_plan` (rows, loss_tokens, steps, per_row, limit): what its loss-token cap admits.
+    """
 
     plan: Any  # harness.plan.Plan
     run_dir: Path
@@ -66,7 +111,7 @@ def training_kwargs(ctx: BuildContext) -> dict:
         # term runs only where a view's owner row is): with buffer broadcasts per forward, the ranks'
         # collectives would no longer pair up and the job hangs (measured). The buffers here are constants.
         ddp_broadcast_buffers=False,
-        bf16=on_gpu and c["model"]["dtype"] == "bfloat16",  # on CPU: no bf16 autocast (~50% slower, PLATFORM.md)
+        bf16=on_gpu and c["model"]["dtype"] == "bfloat16",  # on CPU: no bf16 autocast (~50% slower, docs/platform.md)
         fp16=False,
         report_to=report_to,
         dataloader_num_workers=c["data"]["num_workers"],

@@ -30,17 +30,14 @@ def _setup(arm: str, overrides: list[str], root: str):
     """(plan, dataset root, train rows, SFT warm-start policy dir, suppress ids, eos ids) for one arm."""
     from harness.cli import compose_plan
     from harness.data import ensure_synthetic, load_split
-    from harness.lifecycle import execute
-    from harness.train import _status, sft_parent
+    from harness.data.spec import synthetic_args
+    from harness.lifecycle import run_parent
 
     plan = compose_plan([f"arm={arm}", f"output_root={root}", *overrides])
     d = plan.config["data"]
-    data = ensure_synthetic(n_base=d["n_base"], data_seed=d["data_seed"],
-                            image_size=d["image_size"] or 4 * plan.config["model"]["patch_size"],
-                            val_fraction=d["val_fraction"], test_fraction=d["test_fraction"], cache_dir=d["cache_dir"])
-    parent = sft_parent(plan)
-    if _status(Path(parent.run_dir)) != "completed" and execute(parent):
-        raise SystemExit(f"the SFT warm start {parent.run_dir} failed")
+    data = ensure_synthetic(**synthetic_args(d, plan.config["model"]["patch_size"]), cache_dir=d["cache_dir"])
+    parent = plan.parent
+    run_parent(parent)
     return plan, data, load_split(data, d["train_split"]), Path(parent.run_dir) / "final_policy"
 
 
@@ -53,12 +50,13 @@ def _trial(arm: str, plan, data: Path, rows: list[dict], init: Path, steps: int,
 
     import arms
     from arms.common import BuildContext
-    from harness.accounting import AppendLog, ledger_path, trace_path
+    from harness.accounting.logs import AppendLog, ledger_path, trace_path
     from harness.callbacks import RunContext
     from harness.models import special_token_ids_to_suppress
     from harness.policy import load_policy
-    from harness.reward_fn import HarnessReward
-    from harness.train import _provenance, _Reward
+    from harness.accounting.ledger import HarnessReward
+    from harness.accounting.ledger import provenance_of
+    from harness.rewards import reward_config
     from harness.trainsets import rl_dataset
 
     run_dir = scratch / arm
@@ -68,9 +66,9 @@ def _trial(arm: str, plan, data: Path, rows: list[dict], init: Path, steps: int,
     eos = [tok.convert_tokens_to_ids("<|im_end|>")]
     rctx = RunContext(run_dir=run_dir, plan=plan)
     rctx.ledger, rctx.trace = AppendLog(run_dir, ledger_path(0)), AppendLog(run_dir, trace_path(0))
-    reward = HarnessReward(rctx, reward_cfg=_Reward(plan.config["reward"]),
+    reward = HarnessReward(rctx, reward_cfg=reward_config(plan.config["reward"]),
                            num_generations=plan.config["arm"]["num_generations"], eos_token_ids=eos,
-                           provenance=_provenance(plan))
+                           provenance=provenance_of(plan))
 
     times = {"step_time": [], "wall": []}
 
@@ -112,7 +110,7 @@ def main() -> None:
 
     import torch
 
-    from harness.train import quiet_libraries
+    from harness.log import quiet_libraries
 
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     quiet_libraries()

@@ -1,7 +1,7 @@
 """The answer schema: one format, one parser, normalizers per answer type, one abstention value.
 
 Format. The prompt asks for exactly one `<answer>...</answer>` pair (the tags are ordinary text,
-not special tokens: TRL strips special tokens when it decodes completions, PLATFORM.md). The
+not special tokens: TRL strips special tokens when it decodes completions, docs/platform.md). The
 same format is the regex `ANSWER_REGEX`, which vLLM can constrain sampling to (structured
 output); it uses only literals, character classes, one optional group and bounded repetition,
 no lookarounds or backreferences, so every regex-to-automaton backend accepts it.
@@ -22,7 +22,7 @@ for the parser, the format reward and constrained decoding:
 A completion is well-formed exactly when, after the stripping above, it fully matches
 ANSWER_REGEX (tests check the two agree on a corpus of adversarial strings).
 
-Normalizers map an answer to the *target space* of the dataset (DESIGN.md section 10):
+Normalizers map an answer to the *target space* of the dataset (docs/data.md):
 "" is the abstention, choice answers become the choice key ("(b)", "b.", "Option B" -> "B"),
 words are casefolded with punctuation and a leading article removed ("The Red." -> "red"),
 numbers become a canonical decimal string ("3.0", "+3", "three" -> "3"). Matching is on whole
@@ -42,7 +42,7 @@ from typing import Any, Mapping, Sequence
 # --- the format
 
 #: The abstention literal the model writes when the image does not show what is asked.
-#: Stored in datasets as the empty target "" (DESIGN.md section 10); `target_text` maps back.
+#: Stored in datasets as the empty target "" (docs/data.md); `target_text` maps back.
 ABSTAIN = "unknown"
 
 OPEN_TAG, CLOSE_TAG = "<answer>", "</answer>"
@@ -284,3 +284,20 @@ def prompt_text(record: Mapping[str, Any]) -> str:
         f"{unanswerable}, answer {OPEN_TAG}{ABSTAIN}{CLOSE_TAG}."
     )
     return "\n".join(lines)
+
+
+def candidate_tokens(token_lists: list[list[int]]) -> tuple[list[int], list[list[int]], list[int]]:
+    """Split the tokenized rendered candidates into (shared prefix, continuations, scored lengths).
+
+    continuation_c = candidate c's tokens after the shared prefix; its first `scored_c` tokens are its
+    own (the shared suffix, e.g. a closing tag, is not scored; every candidate keeps at least one).
+    """
+    n = min(len(t) for t in token_lists)
+    pre = 0
+    while pre < n - 1 and all(t[pre] == token_lists[0][pre] for t in token_lists):
+        pre += 1
+    suf = 0
+    while suf < n - pre - 1 and all(t[-1 - suf] == token_lists[0][-1 - suf] for t in token_lists):
+        suf += 1
+    conts = [t[pre:] for t in token_lists]
+    return token_lists[0][:pre], conts, [len(c) - suf for c in conts]

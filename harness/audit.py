@@ -1,7 +1,7 @@
 """Resume audit: prove that a resumed process restored every piece of training state.
 
 At save time each checkpoint's harness_checkpoint.json records digests of the trainable
-parameters, optimizer state, scheduler state and every RNG stream (harness.statedigest). When a
+parameters, optimizer state, scheduler state and every RNG stream (harness.accounting.statedigest). When a
 run resumes, the Trainer restores them in the new process; this callback recomputes the digests
 at the moment each piece is restored and compares:
 
@@ -47,14 +47,14 @@ class ResumeAuditCallback(TrainerCallback):
         def load_rng_state_and_observe(checkpoint):
             original(checkpoint)
             if checkpoint is not None and "rng" not in self.actual:
-                from harness.statedigest import rng_digests
+                from harness.accounting.statedigest import rng_digests
 
                 self.actual["rng"] = rng_digests()
 
         trainer._load_rng_state = load_rng_state_and_observe
 
     def on_train_begin(self, args, state, control, model=None, optimizer=None, lr_scheduler=None, **kwargs):
-        from harness.statedigest import adapters_digest, optimizer_digest, params_digest, scheduler_digest
+        from harness.accounting.statedigest import adapters_digest, optimizer_digest, params_digest, scheduler_digest
 
         self.actual.update(params=params_digest(model), adapters=adapters_digest(model),
                            optimizer=optimizer_digest(optimizer), scheduler=scheduler_digest(lr_scheduler))
@@ -76,7 +76,7 @@ class ResumeAuditCallback(TrainerCallback):
             components[key] = {"expected": self.expected.get(key), "actual": self.actual.get(key),
                                "passed": self.expected.get(key) == self.actual.get(key)}
         if only is None:
-            from harness.statedigest import HOST_RNG_STREAMS
+            from harness.accounting.statedigest import HOST_RNG_STREAMS
 
             expected_rng, actual_rng = self.expected.get("rng") or {}, self.actual.get("rng") or {}
             # every stream either side knows, and always the host ones: a checkpoint that recorded no RNG digests

@@ -14,9 +14,9 @@ from pathlib import Path
 from transformers import TrainerCallback
 from transformers.trainer_callback import ProgressCallback
 
-from harness import checkpoint as ckpt
+from harness.accounting import checkpoint as ckpt
 from harness import dist
-from harness.accounting import AppendLog
+from harness.accounting.logs import AppendLog
 from harness.rounds import GenerationRound
 
 log = logging.getLogger("harness")
@@ -167,19 +167,19 @@ class QuietProgressCallback(ProgressCallback):
 class CheckpointCallback(TrainerCallback):
     """After the Trainer saved checkpoint-<step>: bind the frontier, record digests, publish, retain."""
 
-    def __init__(self, ctx: RunContext, keep_last: int, extra_totals=None):
+    def __init__(self, ctx: RunContext, keep_last: int):
         self.ctx, self.keep_last = ctx, keep_last
-        self.extra_totals = extra_totals or (lambda: {})  # e.g. SFT: loss tokens trained so far
+        self.trainer_totals = None  # the trainer's checkpoint_totals (e.g. SFT: loss tokens trained so far)
         self.published: list[int] = []
 
     def on_save(self, args, state, control, model=None, optimizer=None, lr_scheduler=None, **kwargs):
-        from harness.statedigest import state_digests
+        from harness.accounting.statedigest import state_digests
 
         step = state.global_step
         ckpt_dir = Path(args.output_dir) / f"checkpoint-{step}"
         mine = {"frontier": self.ctx.frontier(), "state": state_digests(model, optimizer, lr_scheduler),
                 "totals": {"completion_tokens": self.ctx.tokens_used, "completions": self.ctx.completions,
-                           **self.extra_totals()}}
+                           **(self.trainer_totals() if self.trainer_totals else {})}}
         # Every rank saved its part of the checkpoint (e.g. its RNG state) before this gather: rank 0 then
         # digests the files and publishes with every rank's frontier, state digests and counters.
         everyone = dist.all_gather(mine)

@@ -7,7 +7,6 @@ transformers or trl (checked by tests with `python -X importtime`).
 from __future__ import annotations
 
 import json
-import logging
 import sys
 from pathlib import Path
 
@@ -16,30 +15,18 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from harness import schema
+from harness.config.compose import CONF_DIR, compose
+from harness.config.store import register
 from harness.errors import HarnessError
+from harness.log import log, setup_logging
 
-CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
-log = logging.getLogger("harness")
-
-schema.register(with_help="--help" in sys.argv)
-
-
-def setup_logging() -> None:
-    """Harness messages go to stderr so stdout stays machine-readable (mode=plan prints JSON there)."""
-    if log.handlers:
-        return
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("[harness] %(message)s"))
-    log.addHandler(handler)
-    log.setLevel(logging.INFO)
-    log.propagate = False
+register(with_help="--help" in sys.argv)
 
 
 def run(cfg: DictConfig, choices: dict | None = None, overrides: list[str] | None = None,
         multirun: bool = False) -> int:
     """One job: plan, then print it or execute it. Returns the process exit code."""
-    from harness.overrides import strict_check
+    from harness.config.overrides import strict_check
     from harness.plan import build_plan, plan_json
 
     setup_logging()
@@ -150,47 +137,17 @@ def _run_dir_of(overrides: list[str]) -> str:
     return compose_plan(overrides).run_dir
 
 
-def _needs_hydra_cli(argv: list[str]) -> bool:
-    """Flags (--help, --cfg, -m, --info, ...) and hydra.* overrides need Hydra's own CLI machinery."""
-    return any(a.startswith("-") or a.lstrip("+~").startswith("hydra") for a in argv)
-
-
-def compose(argv: list[str]):
-    """(config without the hydra node, group choices) composed once with Hydra's compose API.
-
-    Strict: a compose error of Hydra or OmegaConf, and an override key the schema lacks (`+`/`++` included),
-    raise a ConfigError in the house form (harness/overrides.py).
-    """
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.errors import HydraException
-    from omegaconf import open_dict
-    from omegaconf.errors import OmegaConfBaseException
-
-    from harness.overrides import explain_compose_error, strict_check
-
-    try:
-        if GlobalHydra.instance().is_initialized():  # inside a Hydra app (e.g. a multirun job): same search path
-            cfg = hydra_compose(config_name="config", overrides=argv, return_hydra_config=True)
-        else:
-            with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3", job_name="harness"):
-                cfg = hydra_compose(config_name="config", overrides=argv, return_hydra_config=True)
-    except (HydraException, OmegaConfBaseException, ValueError) as exc:  # ValueError: e.g. group=null
-        raise explain_compose_error(exc, argv) from None
-    choices = dict(cfg.hydra.runtime.choices)
-    with open_dict(cfg):
-        del cfg["hydra"]
-    strict_check(cfg, argv)
-    return cfg, choices
-
-
 def compose_plan(argv: list[str]):
-    """The Plan of a command line (used for derived runs, e.g. the SFT warm start of an RL run)."""
+    """The Plan of a command line (its SFT parent included), composed once."""
     from harness.plan import build_plan
 
     cfg, choices = compose(argv)
     return build_plan(cfg, choices, argv)
+
+
+def _needs_hydra_cli(argv: list[str]) -> bool:
+    """Flags (--help, --cfg, -m, --info, ...) and hydra.* overrides need Hydra's own CLI machinery."""
+    return any(a.startswith("-") or a.lstrip("+~").startswith("hydra") for a in argv)
 
 
 def compose_and_run(argv: list[str]) -> int:
@@ -225,7 +182,7 @@ def precheck_hydra_cli(argv: list[str]) -> int:
                                              "config_name", "config_dir")):
         return 0  # nothing of this config is composed, or another config is
     from harness.errors import ConfigError
-    from harness.overrides import check_static, is_hydra_key
+    from harness.config.overrides import check_static, is_hydra_key
 
     overrides = list(args.overrides or [])
     job = [o for o in overrides if not is_hydra_key(o.lstrip("+~"))]

@@ -74,6 +74,19 @@ class ResumeMismatchError(HarnessError):
         )
 
 
+class DataChangedError(ResumeMismatchError):
+    """The dataset on disk is not the one the run trained on (exit 4, as any other identity mismatch)."""
+
+    def __init__(self, run_dir: str, root: str, expected: str, actual: str, fix: str):
+        self.run_dir, self.root = run_dir, root
+        self.diffs = [FieldDiff("identity.data.content_sha256", expected, actual)]
+        HarnessError.__init__(
+            self,
+            f"DataChangedError: the dataset at {root} is not the one {run_dir} trained on:\n"
+            f"  - identity.data.content_sha256: the run trained on {expected!r}, the dataset on disk has {actual!r}\n"
+            f"    fix: {fix}")
+
+
 class RunDirStateError(HarnessError):
     """The run dir's state conflicts with the resume policy (resume=never on an existing run, must on none)."""
 
@@ -95,7 +108,7 @@ class DataProblem:
 
 
 class DataContractError(HarnessError):
-    """A dataset violates the contract of DESIGN.md section 10; every problem is listed."""
+    """A dataset violates the contract of docs/data.md; every problem is listed."""
 
     exit_code = 2
 
@@ -106,7 +119,3 @@ class DataContractError(HarnessError):
             f"DataContractError: {n} problem{'s' if n != 1 else ''} in dataset {root}\n"
             + "\n".join(f"  - {p.render()}" for p in self.problems)
         )
-
-
-class BudgetExhausted(HarnessError):
-    """Raised when a step would exceed the token budget (a bug if it ever fires after planning)."""

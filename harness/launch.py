@@ -43,7 +43,7 @@ def launch_command(plan) -> list[str]:
     cmd += ["--num_processes", str(p["num_processes"]), "--num_machines", "1", "--dynamo_backend", "no",
             "--mixed_precision", "no"]
     if p["kind"] == "ddp":
-        # On a CPU node this gives MULTI_CPU ranks over gloo; `--cpu` would silently run ONE process (PLATFORM.md).
+        # On a CPU node this gives MULTI_CPU ranks over gloo; `--cpu` would silently run ONE process (docs/platform.md).
         cmd += ["--multi_gpu"]
     port = os.environ.get("MASTER_PORT") or str(_free_port())
     cmd += ["--main_process_port", port, "-m", "harness"]
@@ -99,7 +99,4 @@ def plan_from_env():
         return None
     from harness.plan import Plan
 
-    d = read_json(path)
-    return Plan(config=d["config"], choices=d["choices"], identity=d["identity"], run_name=d["run_name"],
-                run_dir=d["run_dir"], budget=d["budget"], checkpoints=d["checkpoints"],
-                warnings=d.get("warnings", []), overrides=d.get("overrides", []))
+    return Plan.from_json(read_json(path))

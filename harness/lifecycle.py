@@ -1,64 +1,72 @@
-"""The run lifecycle after planning:
+"""The run lifecycle after planning: parents first, then the run's stages (harness.stages):
 
-    claim (lock, manifest) -> prepare data -> build policy -> train -> finalize -> summary
+    parent plans (the SFT warm start) -> claim run dir -> data -> policy -> resume point -> train -> finalize
 
-A completed run is left untouched (running the same command again says so). A failure marks
-the manifest `failed` with the error, and re-raises; nothing half-written looks complete
-(completion.json and the status `completed` are written last).
+One code path for one process and for every rank of a multi-process launch: rank 0 claims the run dir
+and tells the others what it found; all ranks train together; rank 0 finalizes. A completed run is left
+untouched (running the same command again says so). A failure marks the manifest `failed` with the
+error, and re-raises; nothing half-written looks complete (completion.json and the status `completed`
+are written last).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 import traceback
+from pathlib import Path
 
+from harness import dist
+from harness.errors import ConfigError, HarnessError, Problem, RunDirLocked
 from harness.plan import Plan
-from harness.rundir import claim, read_json
+from harness.rundir import COMPLETION, MANIFEST, RunDir, claim, read_json
 
 log = logging.getLogger("harness")
 
 
 def execute(plan: Plan) -> int:
-    from harness import dist
+    """Run the plan's parents (unless this run is already complete), then the plan itself."""
+    if plan.rl and plan.config["arm"]["init"] == "sft" and plan.parent is None:
+        raise ConfigError([Problem("arm.init", "sft", "this plan carries no SFT parent (it was built from a config "
+                                   "without its command line)",
+                                   "plan it with harness.cli.compose_plan(argv), or set arm.init=scratch")])
+    if plan.parent is not None and _status(plan.run_dir) != "completed":
+        run_parent(plan.parent)
+    return execute_one(plan)
 
-    if dist.is_multi():
-        return execute_rank(plan)
-    with claim(plan) as run:
-        if run.manifest["status"] == "completed":
-            log.info("run %s is already complete; nothing to do.", plan.run_name)
-            log.info("  %s", run.path)
-            _summary(plan, read_json(run.path / "completion.json"))
-            return 0
-        log.info("run dir: %s (%s)", run.path, f"existing, status {run.manifest['status']}" if run.resumed else "new")
-        log.info("plan: arm=%s model=%s data=%s seed=%s; budget %s", plan.config["arm"]["name"],
-                 plan.config["model"]["name"], plan.config["data"]["name"], plan.config["seed"], _budget_line(plan))
-        from harness.train import run_training
 
+def run_parent(parent: Plan, poll_s: float = 2.0) -> None:
+    """Run a parent unless it is complete. Jobs of a parallel sweep (joblib) that share it wait for the one
+    that holds its lock instead of failing; a killed holder releases the lock by itself."""
+    if dist.is_multi():  # every rank takes part (rank 0 claims); a complete parent returns at once
+        _check(parent, execute(parent))
+        return
+    waiting = False
+    while _status(parent.run_dir) != "completed":
         try:
-            completion = run_training(plan, run)
-        except BaseException as exc:
-            run.set_status("failed", error={"type": type(exc).__name__, "message": str(exc)[:2000],
-                                            "traceback": traceback.format_exc()[-4000:]})
-            raise
-        _summary(plan, completion)
-        return 0
+            if not waiting:
+                log.info("init=sft: running the SFT warm start first (%s)", parent.run_name)
+            code = execute(parent)
+        except RunDirLocked:
+            if not waiting:
+                log.info("init=sft: the SFT warm start %s is running in another process; waiting for it",
+                         parent.run_name)
+                waiting = True
+            time.sleep(poll_s)
+            continue
+        _check(parent, code)
 
 
-def execute_rank(plan: Plan) -> int:
-    """One rank of a multi-process launch: rank 0 claims the run dir and tells the others what it found;
-    all ranks train together; rank 0 finalizes. A refusal on rank 0 ends every rank with its exit code."""
-    from harness import dist
-    from harness.errors import ConfigError, HarnessError, Problem
-    from harness.policy import device_of
-    from harness.rundir import RunDir
+def _check(parent: Plan, code: int) -> None:
+    if code:
+        raise RuntimeError(f"the SFT warm start {parent.run_dir} failed (exit {code})")
 
-    if dist.world_size() != plan.config["placement"]["num_processes"]:
-        raise ConfigError([Problem(
-            "placement.num_processes", plan.config["placement"]["num_processes"],
-            f"the launcher started {dist.world_size()} processes (WORLD_SIZE)",
-            f"launch with --num_processes {plan.config['placement']['num_processes']}, or set "
-            f"placement.num_processes={dist.world_size()} (the budget is split across exactly these ranks)")])
-    dist.init(device_of(plan))
+
+def execute_one(plan: Plan) -> int:
+    """Claim (rank 0), run the stages (every rank), print the summary (rank 0). A refusal on rank 0 ends
+    every rank with its exit code."""
+    _check_world(plan)
+    dist.init(_device(plan))
     main = dist.is_main()
     if not main:
         log.setLevel(logging.WARNING)  # one console: rank 0's
@@ -78,22 +86,18 @@ def execute_rank(plan: Plan) -> int:
         if outcome["status"] == "completed":
             if main:
                 log.info("run %s is already complete; nothing to do.", plan.run_name)
-                _summary(plan, read_json(run.path / "completion.json"))
+                log.info("  %s", run.path)
+                _summary(plan, read_json(run.path / COMPLETION))
             return 0
-        if main:
-            log.info("run dir: %s (%s; %d ranks)", run.path, f"existing, status {run.manifest['status']}"
-                     if run.resumed else "new", dist.world_size())
-            log.info("plan: arm=%s model=%s data=%s seed=%s; budget %s", plan.config["arm"]["name"],
-                     plan.config["model"]["name"], plan.config["data"]["name"], plan.config["seed"], _budget_line(plan))
-        else:
+        if not main:
             run = RunDir.follower(plan.run_dir, resumed=outcome["resumed"])
-        from harness.train import run_training
-
+        _announce(plan, run)
         try:
-            completion = run_training(plan, run)
+            completion = run_stages(plan, run)
         except BaseException as exc:
+            rank = {"rank": dist.rank()} if dist.is_multi() else {}
             run.set_status("failed", error={"type": type(exc).__name__, "message": str(exc)[:2000],
-                                            "traceback": traceback.format_exc()[-4000:], "rank": dist.rank()})
+                                            "traceback": traceback.format_exc()[-4000:], **rank})
             raise
         if main:
             _summary(plan, completion)
@@ -103,9 +107,74 @@ def execute_rank(plan: Plan) -> int:
             run.release()
 
 
+def run_stages(plan: Plan, run: RunDir) -> dict | None:
+    """data -> policy -> resume point -> train -> finalize; completion.json's content on rank 0."""
+    from harness.log import quiet_libraries
+    from harness.stages import data as data_stage
+    from harness.stages import policy as policy_stage
+    from harness.stages.finalize import finalize
+    from harness.stages.resume import find
+    from harness.stages.train import train
+    from harness.trainsets import corpus
+
+    started = time.time()
+    quiet_libraries()
+    data = dist.main_first(data_stage.prepare, plan.config, run.manifest["identity"]["data"], run_dir=str(run.path),
+                           fix="restore the dataset, or start a new run (another output_root)")  # rank 0 builds caches
+    run.update(identity={"data": {"content_sha256": data.content_sha256, "root": str(data.root)}})
+    log.info("data: %s (%s)", data.root, data.summary)
+    data = data_stage.load_rows(plan.config, data)
+    policy = policy_stage.build(plan, run.manifest["identity"]["model"], corpus(data.train_rows + data.test_rows),
+                                str(run.path))
+    parent = plan.parent and {"run_name": plan.parent.run_name, "run_dir": plan.parent.run_dir,
+                              "semantic_sha256": plan.parent.identity["semantic_sha256"]}
+    run.update(identity={"model": {"files_sha256": policy.base_identity.get("files_sha256"),
+                                   "base_path": policy.base_path}},
+               parent=parent if policy.init["kind"] == "sft" else run.manifest.get("parent"))
+    run.set_status("running", init=policy.init)
+    resume = dist.on_main(find, plan, run.path)  # one decision for all ranks
+    if resume.skipped:
+        run.update(skipped_checkpoints=[*run.manifest.get("skipped_checkpoints", []), *resume.skipped])
+    trained = train(plan, run.path, data, policy, resume)
+    completion = finalize(plan, run, data, policy, trained, started)
+    if completion is not None:
+        run.set_status("completed")
+    return completion
+
+
+def _check_world(plan: Plan) -> None:
+    if dist.is_multi() and dist.world_size() != plan.config["placement"]["num_processes"]:
+        n = plan.config["placement"]["num_processes"]
+        raise ConfigError([Problem(
+            "placement.num_processes", n, f"the launcher started {dist.world_size()} processes (WORLD_SIZE)",
+            f"launch with --num_processes {n}, or set placement.num_processes={dist.world_size()} (the budget is "
+            "split across exactly these ranks)")])
+
+
+def _device(plan: Plan) -> str:
+    from harness.policy import device_of
+
+    return device_of(plan) if dist.is_multi() else "cpu"  # dist.init is a no-op for one process
+
+
+def _status(run_dir: str) -> str | None:
+    try:
+        return read_json(Path(run_dir) / MANIFEST).get("status")
+    except (OSError, ValueError):
+        return None
+
+
+def _announce(plan: Plan, run: RunDir) -> None:
+    state = f"existing, status {run.manifest['status']}" if run.resumed else "new"
+    ranks = f"; {dist.world_size()} ranks" if dist.is_multi() else ""
+    log.info("run dir: %s (%s%s)", run.path, state, ranks)
+    log.info("plan: arm=%s model=%s data=%s seed=%s; budget %s", plan.config["arm"]["name"],
+             plan.config["model"]["name"], plan.config["data"]["name"], plan.config["seed"], _budget_line(plan))
+
+
 def _budget_line(plan: Plan) -> str:
     b = plan.budget
-    if b["kind"] == "completion_tokens":
+    if plan.rl:
         return f"{b['completion_token_ceiling']} sampled tokens, <= {b['max_steps']} steps"
     return f"{b['loss_token_ceiling']} loss tokens, <= {b['max_steps']} steps"
 
@@ -113,7 +182,7 @@ def _budget_line(plan: Plan) -> str:
 def _summary(plan: Plan, comp: dict) -> None:
     """The end-of-run table: arm, steps, budget use, accuracy before -> after per relation, run dir."""
     lines = [f"{'arm':<8} {'steps':>5}  {'budget':<28} {'stopped by':<11} run dir"]
-    if "completion_token_ceiling" in comp:
+    if plan.rl:
         used = f"{comp['realized_completion_tokens']}/{comp['completion_token_ceiling']} tokens"
     else:
         used = f"{comp['realized_loss_tokens']}/{comp['loss_token_ceiling']} loss tok"
@@ -122,8 +191,7 @@ def _summary(plan: Plan, comp: dict) -> None:
     before, after = comp.get("eval_before") or {}, comp.get("eval_after") or {}
     if after:
         lines.append(f"  eval ({after.get('split')}, greedy, n={after.get('n')}):   before -> after")
-        rels = ["overall", *after.get("per_relation", {})]
-        for rel in rels:
+        for rel in ["overall", *after.get("per_relation", {})]:
             a = after if rel == "overall" else after["per_relation"][rel]
             b = before if rel == "overall" else (before.get("per_relation") or {}).get(rel, {})
             extra = f"   (abstains {a['abstention_rate']:.2f})" if rel in ("MISSING", "FULL") else ""

@@ -1,11 +1,18 @@
 """Plan: a composed config turned into a frozen, hashed, checked record. Torch-free, writes nothing.
 
-    compose (Hydra) -> build_plan -> Plan(config, identity, run_name, run_dir, budget, checkpoints)
+    compose (Hydra) -> build_plan -> Plan(config, identity, run_name, run_dir, budget, checkpoints, parent)
+
+The arm's kind (its registry entry: sft | rl) is resolved here once and travels with the plan
+(`Plan.kind`): it decides the budget, the stages a run goes through and what it records. An RL
+arm with arm.init=sft carries its parent: the plan of its SFT warm start, composed once with the
+child from the same command line (`arm=sft`, `budget.max_steps=budget.sft_warm_start_steps`),
+shown by `mode=plan` and run first by the lifecycle. Ranks of a multi-process job read both
+from the driver's plan file; they never compose.
 
 Every problem of the config is collected into one ConfigError. The plan's identity:
 
 - config_sha256: canonical JSON of the whole resolved config,
-- semantic_sha256: the same without the fields marked semantic=False in harness/schema.py
+- semantic_sha256: the same without the fields marked semantic=False in harness/config/schema.py
   (logging, paths, worker counts, placement, mode),
 - data / model: spec digests now (cheap, torch-free); content digests are added when the data
   is prepared and the model built,
@@ -23,12 +30,13 @@ from typing import Any, Mapping
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from arms import ARMS
+from arms import registry
 from harness import identity as ident
-from harness.checks import find_cached_snapshot, run_checks
+from harness.config.checks import find_cached_snapshot, run_checks
+from harness.config.schema import Config, Source, SyntheticData
+from harness.data.spec import synthetic_args
 from harness.errors import ConfigError, Problem
 from harness.rounds import GenerationRound
-from harness.schema import Config, GrpoArm, Source, SyntheticData
 
 PLAN_VERSION = 1
 RUN_NAME_HASH_LEN = 8
@@ -43,30 +51,49 @@ class Plan:
     run_dir: str
     budget: dict
     checkpoints: dict
+    kind: str  # the arm's kind (arms registry): sft | rl
     warnings: list = field(default_factory=list)
     overrides: list = field(default_factory=list)  # the command line's overrides (not part of identity)
+    parent: "Plan | None" = None  # the SFT warm start of an RL arm with arm.init=sft, run first
 
     @property
     def arm(self) -> str:
         return self.config["arm"]["name"]
+
+    @property
+    def rl(self) -> bool:
+        return self.kind == "rl"
 
     def to_json(self) -> dict:
         return {
             "plan_version": PLAN_VERSION,
             "run_name": self.run_name,
             "run_dir": self.run_dir,
+            "kind": self.kind,
             "identity": self.identity,
             "budget": self.budget,
             "checkpoints": self.checkpoints,
             "choices": self.choices,
             "warnings": self.warnings,
             "overrides": self.overrides,
+            "parent": self.parent.to_json() if self.parent else None,
             "config": self.config,
         }
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Plan":
+        """The plan a driver wrote (harness.launch): exactly what was printed and checked, parent included."""
+        return cls(config=d["config"], choices=d["choices"], identity=d["identity"], run_name=d["run_name"],
+                   run_dir=d["run_dir"], budget=d["budget"], checkpoints=d["checkpoints"], kind=d["kind"],
+                   warnings=d.get("warnings", []), overrides=d.get("overrides", []),
+                   parent=cls.from_json(d["parent"]) if d.get("parent") else None)
 
 
 def build_plan(cfg: DictConfig | Config, choices: Mapping[str, Any] | None = None,
                overrides: list[str] | None = None) -> Plan:
+    """The checked plan of a composed config. `overrides` are the command line it was composed from: an RL
+    arm with arm.init=sft derives its parent (the SFT warm start) from them; without them (a config built
+    in code) the plan has no parent, and the lifecycle refuses to train it with arm.init=sft."""
     typed = _to_typed(cfg)
     findings = run_checks(typed)
     if findings.problems:
@@ -86,7 +113,11 @@ def build_plan(cfg: DictConfig | Config, choices: Mapping[str, Any] | None = Non
         "code": ident.code_identity(),
         "environment": ident.environment_identity(),
     }
+    kind = registry()[typed.arm.name].kind
+    parent = sft_parent(typed, overrides) if overrides is not None else None
     return Plan(
+        kind=kind,
+        parent=parent,
         config=config,
         choices={k: v for k, v in sorted((choices or {}).items()) if not k.startswith("hydra/")},
         identity=identity,
@@ -99,13 +130,37 @@ def build_plan(cfg: DictConfig | Config, choices: Mapping[str, Any] | None = Non
     )
 
 
+def sft_parent(cfg: Config, overrides: list[str]) -> Plan | None:
+    """The plan of the SFT warm start of an RL plan with arm.init=sft: the same command line (model, data,
+    seed, ...) with arm=sft, capped by budget.sft_warm_start_steps; None for every other plan."""
+    if not registry()[cfg.arm.name].rl or cfg.arm.init != "sft":
+        return None
+    from harness.config.compose import compose
+
+    def dropped(override: str) -> bool:
+        key = override.lstrip("+~").split("=", 1)[0]
+        # train.save_steps is not semantic: a warm start of a few seconds needs only its final checkpoint;
+        # SFT samples nothing, so the child's rollout (e.g. vLLM) is not the parent's
+        return (key in ("arm", "mode", "run_mode", "budget.max_steps", "train.save_steps", "rollout")
+                or key.startswith(("arm.", "rollout.")))
+
+    keep = [o for o in overrides if not dropped(o)]  # by key: `model=...` is kept (it starts with "mode")
+    steps = cfg.budget.sft_warm_start_steps
+    argv = [*keep, "arm=sft", f"budget.max_steps={steps}", f"train.save_steps={steps}"]
+    try:
+        return build_plan(*compose(argv), argv)
+    except ConfigError as exc:  # say whose problem it is: the command line is the child's
+        raise ConfigError([Problem(p.field, p.value, f"in the SFT warm start of this run (arm.init=sft): {p.why}",
+                                   f"{p.fix}; or set arm.init=scratch") for p in exc.problems]) from None
+
+
 def irrelevant_to_arm(cfg: Config) -> list[str]:
     """Fields the arm never reads: left out of semantic_sha256 so they cannot split identical runs.
 
     SFT samples nothing (no rollout, reward or token budget); RL arms have no loss-token cap.
     Runs of a sweep that differ only there then share one SFT warm start.
     """
-    if ARMS[cfg.arm.name].rl:
+    if registry()[cfg.arm.name].rl:
         return ["budget.max_loss_tokens"]
     return ["budget.max_completion_tokens", "budget.sft_warm_start_steps", "rollout", "reward", "train.eval_before"]
 
@@ -149,8 +204,7 @@ def data_identity(cfg: Config) -> dict:
 
     d = cfg.data
     if isinstance(d, SyntheticData):
-        args = dict(n_base=d.n_base, data_seed=d.data_seed, image_size=d.image_size or 4 * cfg.model.patch_size,
-                    val_fraction=d.val_fraction, test_fraction=d.test_fraction)
+        args = synthetic_args(d, cfg.model.patch_size)
         root = synthetic_dir(d.cache_dir, **args)
         content = read_identity(root)["sha256"] if (root / "manifest.json").is_file() else None
         return {"kind": "synthetic", "spec": synthetic_spec(**args), "spec_sha256": synthetic_spec_sha256(**args),
@@ -183,8 +237,7 @@ def model_identity(cfg: Config) -> dict:
 
 def budget_summary(cfg: Config) -> dict:
     a, b = cfg.arm, cfg.budget
-    if ARMS[a.name].rl:
-        assert isinstance(a, GrpoArm)
+    if registry()[a.name].rl:
         rnd = GenerationRound.of(a, world=cfg.placement.num_processes)
         rounds_that_fit = b.max_completion_tokens // rnd.token_bound
         return {

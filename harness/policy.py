@@ -1,8 +1,7 @@
 """The policy a run trains: base model, init (sft warm start, scratch, or a path), tuning, final save.
 
-    init=sft      the final policy of the SFT run of the same model, data and seed, found by its
-                  deterministic run dir; run first (as its own run, recorded as the parent) when
-                  it is missing
+    init=sft      the final policy of the plan's parent: the SFT run of the same command line
+                  (harness.plan.sft_parent), which the lifecycle runs first
     init=scratch  the base model as built (tiny: seeded random weights) or loaded
     init=<path>   a saved policy: a PEFT adapter (adapter_config.json) or full weights
 
@@ -25,7 +24,7 @@ log = logging.getLogger("harness")
 POLICY_MANIFEST = "harness_policy.json"
 
 
-@dataclass
+@dataclass(frozen=True)
 class Policy:
     model: object
     processor: object
@@ -43,7 +42,7 @@ NOT_WEIGHTS = ("optimizer", "scheduler", "rng_state", "training_args")
 def weights_digest(path: str | Path) -> str | None:
     """sha256 over the policy's weight files as recorded by its manifest (final_policy's harness_policy.json
     or a checkpoint's harness_checkpoint.json); None when the directory has no harness manifest."""
-    from harness.checkpoint import CHECKPOINT_MANIFEST
+    from harness.accounting.checkpoint import CHECKPOINT_MANIFEST
     from harness.identity import canonical_json, sha256_text
 
     path = Path(path)
@@ -54,6 +53,12 @@ def weights_digest(path: str | Path) -> str | None:
                        if k.endswith(WEIGHT_SUFFIXES) and not Path(k).name.startswith(NOT_WEIGHTS)}
             return sha256_text(canonical_json(weights)) if weights else None
     return None
+
+
+def eos_token_ids(processor) -> list[int]:
+    """The ids that end a completion: Qwen's <|im_end|> when the vocabulary has it, else the EOS token."""
+    tok = getattr(processor, "tokenizer", processor)
+    return [tok.convert_tokens_to_ids("<|im_end|>")] if "<|im_end|>" in tok.get_vocab() else [tok.eos_token_id]
 
 
 def device_of(plan) -> str:

@@ -19,19 +19,31 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping, Protocol
 
 from harness.answers import normalize_answer, normalize_target, parse_answer
+from harness.identity import canonical_json
 
 
 class RewardWeights(Protocol):
-    """What `score` reads from its config (harness.schema.RewardConfig, or any object with these)."""
+    """What `score` reads from its config (harness.config.schema.RewardConfig, or any object with these)."""
 
     correct: float
     format_weight: float
     invalid_penalty: float
+
+
+@dataclass(frozen=True)
+class RewardCfg:
+    correct: float
+    format_weight: float
+    invalid_penalty: float
+
+
+def reward_config(d: dict) -> RewardCfg:
+    """The weights of a plan's `reward` config (a dict of plan.config)."""
+    return RewardCfg(d["correct"], d["format_weight"], d["invalid_penalty"])
 
 
 @dataclass(frozen=True)
@@ -53,7 +65,7 @@ class ScoreTrace:
 
     def to_json(self) -> str:
         """One compact JSON line (sorted keys) for the reward trace."""
-        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        return canonical_json(self.to_dict())
 
 
 def score(completion: str, record: Mapping[str, Any], *, truncated: bool, cfg: RewardWeights) -> ScoreTrace:
@@ -87,6 +99,19 @@ def score(completion: str, record: Mapping[str, Any], *, truncated: bool, cfg: R
         abstained=abstained,
         correct=correct,
     )
+
+
+def cut_at_eos(ids: list[int], eos: set[int], pad: int | None = None) -> tuple[list[int], bool]:
+    """(the completion's tokens up to and including its first end-of-sequence token, truncated).
+
+    The one truncation rule (the reward and ledger, greedy eval, evi_po's grading): a completion with no
+    end-of-sequence token within its sampled tokens is truncated (the invalid-format penalty, masked from
+    the loss when arm.mask_truncated_completions). `pad`: padding dropped from a truncated, padded row.
+    """
+    end = next((j for j, t in enumerate(ids) if t in eos), None)
+    if end is None:
+        return [t for t in ids if t != pad] if pad is not None else list(ids), True
+    return list(ids[: end + 1]), False
 
 
 def completion_text(completion: Any) -> str:

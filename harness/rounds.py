@@ -17,8 +17,8 @@ regenerates every `steps_per_generation x num_iterations` of them), so the harne
 `steps_per_generation x gradient_accumulation_steps`, and a per-device batch of one micro-batch.
 
 Every reader of these semantics goes through `GenerationRound`: the TRL mapping (arms.grpo), the
-plan checks (harness.checks), the budget callback and completion ids (harness.callbacks,
-harness.reward_fn), papo's mask seeds and evi_po's view owners (arms/). Torch-free.
+plan checks (harness.config.checks), the budget callback and completion ids (harness.callbacks,
+harness.accounting.ledger), papo's mask seeds and evi_po's view owners (arms/). Torch-free.
 """
 
 from __future__ import annotations
@@ -117,7 +117,7 @@ class GenerationRound:
                 "num_iterations": self.num_iterations,
                 "num_generations": self.num_generations}
 
-    # --- rules (harness.checks reports them with the field and the fix)
+    # --- rules (harness.config.checks reports them with the field and the fix)
 
     def problems(self) -> list[tuple[str, int, str, str]]:
         """(field, value, why, fix) for every way this round cannot be laid out over ranks and micro-batches."""

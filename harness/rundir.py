@@ -26,6 +26,7 @@ from typing import Any
 from harness.errors import FieldDiff, ResumeMismatchError, RunDirLocked, RunDirStateError
 
 MANIFEST = "run_manifest.json"
+COMPLETION = "completion.json"  # written last, by harness.stages.finalize
 LOCK = "run.lock"
 STATUSES = ("planned", "running", "completed", "failed")
 MANIFEST_VERSION = 1
@@ -113,6 +114,16 @@ class RunDir:
         self.manifest["updated_at"] = now()
         self.manifest.update(extra)
         self.manifest["events"].append({"status": status, "at": now(), **holder_info()})
+        if self.writer:
+            atomic_write_json(self.manifest_path, self.manifest)
+
+    def update(self, identity: dict | None = None, **fields: Any) -> None:
+        """Record what a stage found: `identity` parts merged into the manifest's identity (e.g. {"data":
+        {"content_sha256": ...}}), other fields set at the top level; saved at once (the writer)."""
+        for part, values in (identity or {}).items():
+            self.manifest["identity"].setdefault(part, {}).update(values)
+        self.manifest.update(fields)
+        self.manifest["updated_at"] = now()
         if self.writer:
             atomic_write_json(self.manifest_path, self.manifest)
 

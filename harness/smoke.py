@@ -24,7 +24,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from harness.accounting import read_rows
+from harness.accounting.logs import read_rows
 from harness.errors import HarnessError
 
 log = logging.getLogger("harness")

@@ -19,9 +19,9 @@ def compose_cfg():
     from hydra import compose, initialize_config_dir
     from omegaconf import open_dict
 
-    from harness import schema
+    from harness.config.store import register
 
-    schema.register(with_help=False)
+    register(with_help=False)
 
     def _compose(*overrides: str):
         with initialize_config_dir(config_dir=str(CONF), version_base="1.3", job_name="harness"):
@@ -41,7 +41,7 @@ def plan_of(compose_cfg, tmp_path):
 
     def _plan(*overrides: str):
         cfg, choices = compose_cfg(f"output_root={tmp_path / 'out'}", *overrides)
-        return build_plan(cfg, choices)
+        return build_plan(cfg, choices, [f"output_root={tmp_path / 'out'}", *overrides])
 
     return _plan
 
@@ -57,7 +57,7 @@ def run_harness(*args: str, module: str = "harness", cwd: Path | None = None, ti
 
 def logged_values(run_dir: Path) -> list[dict]:
     """metrics.jsonl without its wall-clock fields: what two runs of the same config must log identically."""
-    from harness.accounting import METRICS_PATH, read_rows
+    from harness.accounting.logs import METRICS_PATH, read_rows
 
     return [{k: v for k, v in r.items() if "time" not in k and "per_second" not in k}
             for r in read_rows(run_dir / METRICS_PATH)]
@@ -79,7 +79,7 @@ def heavy_imports(importtime_stderr: str) -> list[str]:
 
 def pytest_collection_modifyitems(config, items):
     """gpu tests need a visible CUDA device; network tests run only with HARNESS_NETWORK=1."""
-    from harness.checks import cuda_visible
+    from harness.config.checks import cuda_visible
 
     has_gpu = cuda_visible()
     for item in items:

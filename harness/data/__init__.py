@@ -1,4 +1,4 @@
-"""Datasets of the harness: the schema of DESIGN.md section 10, the synthetic evidence set, validation.
+"""Datasets of the harness: the schema of docs/data.md, the synthetic evidence set, validation.
 
 Layout of a dataset root (every path in it is relative and POSIX):
 

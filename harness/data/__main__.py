@@ -14,7 +14,7 @@ from harness.errors import HarnessError
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m harness.data", description="Datasets of the harness (DESIGN.md section 10).")
+    p = argparse.ArgumentParser(prog="python -m harness.data", description="Datasets of the harness (docs/data.md).")
     sub = p.add_subparsers(dest="cmd", required=True)
 
     s = sub.add_parser("synth", help="write the synthetic four-relation evidence set")

@@ -1,4 +1,4 @@
-"""Record schema of a dataset (DESIGN.md section 10): field rules, path rules, loading by split.
+"""Record schema of a dataset (docs/data.md): field rules, path rules, loading by split.
 
 A record is one *view* of one question about one base item, one JSON object per line of
 `records/<split>.jsonl` (layout in harness/data/__init__.py). `check_row` returns every problem
@@ -281,7 +281,7 @@ def load_split(root: str | Path, split: str) -> list[dict]:
 
     Call validate_dataset(root) first (training does, before building any model); this
     re-checks only what the trainer relies on: the file parses and no row of another split
-    slips in (DESIGN.md: every training row has split=train).
+    slips in (docs/data.md: every training row has split=train).
     """
     rel = records_path(split)
     path = Path(root) / rel

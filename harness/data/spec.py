@@ -9,11 +9,11 @@ matched. Standard library only: the planner imports this module.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
 from harness.errors import ConfigError, Problem
+from harness.identity import canonical_json, sha256_text
 
 #: Bump on any change to what harness.data.synth writes for the same parameters.
 GENERATOR = "harness.data.synth"
@@ -68,7 +68,7 @@ def synthetic_spec(n_base: int, data_seed: int, image_size: int, val_fraction: f
 
 
 def spec_sha256(spec: dict) -> str:
-    return hashlib.sha256(json.dumps(spec, sort_keys=True, separators=(",", ":")).encode("utf-8")).hexdigest()
+    return sha256_text(canonical_json(spec))
 
 
 def synthetic_spec_sha256(n_base: int, data_seed: int, image_size: int, val_fraction: float = 0.1, test_fraction: float = 0.15) -> str:
@@ -80,3 +80,36 @@ def synthetic_dir(cache_dir: str | Path, n_base: int, data_seed: int, image_size
     """Where ensure_synthetic puts (or finds) this dataset: <cache_dir>/synthetic-<sha[:12]>."""
     sha = synthetic_spec_sha256(n_base, data_seed, image_size, val_fraction, test_fraction)
     return Path(cache_dir) / f"synthetic-{sha[:12]}"
+
+
+def synthetic_args(data: dict, patch_size: int) -> dict:
+    """The generator parameters of a plan's synthetic data config (a dict of the plan or the typed
+    SyntheticData): the one place that resolves image_size=null to 4 x the model's patch size."""
+    get = data.get if isinstance(data, dict) else lambda k: getattr(data, k)
+    return dict(n_base=get("n_base"), data_seed=get("data_seed"), image_size=get("image_size") or 4 * patch_size,
+                val_fraction=get("val_fraction"), test_fraction=get("test_fraction"))
+
+
+def relation_share(data, relation: str) -> tuple[int, int] | None:
+    """(views of `relation`, all views) of a data config's training split, or None when it cannot be read yet.
+
+    The synthetic set has one view of each relation per base item of four; a jsonl dataset is counted from
+    its records (a malformed row or a missing split is reported by validation, with its fix).
+    """
+    if hasattr(data, "n_base"):  # SyntheticData
+        return 1, 4
+    if not data.path:
+        return None
+    matched = total = 0
+    try:
+        with open(Path(data.path) / "records" / f"{data.train_split}.jsonl", encoding="utf-8") as fh:
+            for line in fh:
+                if line.strip():
+                    total += 1
+                    try:
+                        matched += json.loads(line).get("relation") == relation
+                    except (ValueError, AttributeError):
+                        pass
+    except OSError:
+        return None
+    return (matched, total) if total else None

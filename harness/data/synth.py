@@ -1,7 +1,7 @@
-"""The synthetic four-relation evidence set (DESIGN.md section 10; the embedded default data).
+"""The synthetic four-relation evidence set (docs/data.md; the embedded default data).
 
 Task: one shape on a neutral grey background, "What color is the <shape>?", a one-word colour
-answer. A tiny random VLM sees 4 image tokens (PLATFORM.md: it learns this task, but not to
+answer. A tiny random VLM sees 4 image tokens (docs/platform.md: it learns this task, but not to
 tell two coloured objects apart), so the shape is the only coloured thing in every image and
 fills a good part of it (about 40-65 % of the side).
 

@@ -1,4 +1,4 @@
-"""Dataset contract check (DESIGN.md section 10), torch-free, memoized by a fingerprint.
+"""Dataset contract check (docs/data.md), torch-free, memoized by a fingerprint.
 
 `validate_dataset(root)` collects EVERY problem (DataProblem: file, line, field, why, fix) and
 raises one DataContractError, or returns a ValidationReport. Checked:

@@ -2,7 +2,7 @@
 
 Why: in transformers 5.x every Qwen-VL processor (Qwen2VLProcessor, Qwen2_5_VLProcessor,
 Qwen3VLProcessor) takes a video processor, and every video processor needs torchvision, which
-cannot be installed next to the CPU torch wheel here (PLATFORM.md "Installing"). The stock
+cannot be installed next to the CPU torch wheel here (docs/platform.md "Installing"). The stock
 processor cannot even be constructed. `HarnessVLProcessor` is Qwen2VLProcessor minus the video
 processor: `ProcessorMixin.get_attributes` reads the sub-processors off `__init__`'s signature,
 so an `__init__` without `video_processor` makes save/load/call skip video entirely.

@@ -1,7 +1,7 @@
 """Tiny local models: build (or find in the cache) a seeded random Qwen-VL / Qwen2 model with a
 locally trained tokenizer and an image-only processor; load it; state its identity.
 
-Sizes (PLATFORM.md "Tiny local VLMs"): text hidden 128, 4 layers, 4 heads / 2 KV heads, head_dim
+Sizes (docs/platform.md "Tiny local VLMs"): text hidden 128, 4 layers, 4 heads / 2 KV heads, head_dim
 32, M-RoPE sections summing to head_dim/2; vision width 64, depth 2, spatial merge 2; about
 1.1-1.3 M parameters, 4-5 MB on disk. Full fine-tuning only (LoRA on a random base gives GRPO no
 reward signal, measured).
@@ -19,7 +19,7 @@ byte-identical files (tests compare two builds in separate processes).
 
 Weights are saved under the in-memory key names (`save_original_format=False`): the stock
 Qwen-VL on-disk names (`visual.*`, `model.layers.*`) are what makes Trainer's strict=False resume
-load 0 tensors (PLATFORM.md "Resume pitfalls"); AutoModelForImageTextToText reloads the
+load 0 tensors (docs/platform.md "Resume pitfalls"); AutoModelForImageTextToText reloads the
 in-memory names bitwise (tested).
 
 Torch-free at import: `tiny_key`, `tiny_model_dir` and `model_identity` use only the stdlib, so
@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from harness.errors import HarnessError
+from harness.identity import canonical_json
 from harness.models.tokenizer import corpus_lines
 
 #: Bump when a change here changes the built files for the same parameters (it keys the cache).
@@ -61,7 +62,7 @@ class ModelCacheError(HarnessError):
 
 
 def _canonical(obj: Any) -> bytes:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    return canonical_json(obj).encode("utf-8")
 
 
 def _sha256_file(path: Path) -> str:
@@ -87,7 +88,7 @@ def normalize_tiny(tiny: Any) -> dict[str, int]:
     if missing or unknown:
         raise ValueError(
             f"model.tiny has missing fields {missing} and unknown fields {unknown}; expected exactly "
-            f"{list(TINY_FIELDS)} (harness.schema.TinySpec)."
+            f"{list(TINY_FIELDS)} (harness.config.schema.TinySpec)."
         )
     return {k: int(tiny[k]) for k in TINY_FIELDS}
 
@@ -429,7 +430,7 @@ def special_token_ids_to_suppress(processing: Any) -> list[int]:
     <|vision_end|>, <|im_start|> (those the vocabulary has).
 
     Pass them as GRPOConfig(generation_kwargs={"suppress_tokens": ids}): TRL's generation_kwargs
-    REPLACE its default suppress_tokens (only the image token) instead of merging (PLATFORM.md).
+    REPLACE its default suppress_tokens (only the image token) instead of merging (docs/platform.md).
     Works for a processor or a tokenizer, tiny or real Qwen.
     """
     from harness.models.tokenizer import never_sampled_ids

@@ -1,5 +1,5 @@
 """The tokenizer of the tiny local models: a byte-level BPE trained on the task text, with the
-Qwen special tokens and a Qwen-style chat template (PLATFORM.md "Tiny local VLMs").
+Qwen special tokens and a Qwen-style chat template (docs/platform.md "Tiny local VLMs").
 
 Why train one: a real Qwen vocabulary (151 k entries) would put ~39 M parameters into the
 embedding and output layers of a ~1 M-parameter model. A BPE of a few hundred entries, fitted to
@@ -13,7 +13,7 @@ Contract (tests/unit/test_models_tiny.py checks each point):
   splits text the way a real Qwen checkpoint does.
 - Special tokens (`SPECIAL_TOKENS`): <|endoftext|> is pad (and unk, never produced), <|im_end|>
   is eos. `<answer>` and `</answer>` are NOT special: TRL decodes completions with
-  skip_special_tokens=True, which would strip them (PLATFORM.md).
+  skip_special_tokens=True, which would strip them (docs/platform.md).
 - padding_side is left: generation pads prompts on the left.
 - The chat template (`CHAT_TEMPLATE`) renders Qwen's <|im_start|>role\\n...<|im_end|>\\n turns;
   content is a string or a list of {"type": "image"} / {"type": "text", "text": ...} parts, an

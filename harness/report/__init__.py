@@ -1,4 +1,4 @@
-"""`python -m harness.report DIR`: compare the runs under DIR (DESIGN.md sections 13 and 15). Torch-free.
+"""`python -m harness.report DIR`: compare the runs under DIR (docs/architecture.md). Torch-free.
 
 Modules: runs (find and read run dirs and sweep job records), compare (groups by data/model
 identity, conditions, summaries over seeds, paired comparison), stats (t intervals, exact and

@@ -50,7 +50,11 @@ def round_bound_of(run: Run) -> int | None:
 def _is_rl(run: Run) -> bool:
     if run.completion:
         return budget_kind(run) == "sampled"
-    return (_plan(run).get("budget") or {}).get("kind") == "completion_tokens" or run.arm != "sft"
+    plan = _plan(run)
+    if plan.get("kind"):
+        return plan["kind"] == "rl"
+    # plans written before Plan.kind: the budget's kind, or (older still) any arm but sft
+    return (plan.get("budget") or {}).get("kind") == "completion_tokens" or run.arm != "sft"
 
 
 def run_row(run: Run, condition: str | None, *, duplicate: bool = False) -> dict:

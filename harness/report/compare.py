@@ -16,10 +16,11 @@ import json
 import re
 from dataclasses import dataclass, field
 
+from arms import registry
 from harness.report.runs import PATH_KEYS, RELATIONS, Run
 from harness.report.stats import mean_ci, paired_bootstrap
 
-ARM_ORDER = ("sft", "grpo", "papo", "evi_po")
+ARM_ORDER = tuple(registry())  # the registry's order (arms.ORDER, then new arms by name)
 LABEL_FIELDS_MAX = 4
 
 # (key, short title) in table order; every key is a run metric (harness.report.runs.run_metrics).

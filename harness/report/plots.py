@@ -19,12 +19,13 @@ import numpy as np  # noqa: E402
 from matplotlib import colors as mcolors  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
+from arms import registry  # noqa: E402
 from harness.report.compare import Condition, Group  # noqa: E402
 from harness.report.runs import RELATIONS  # noqa: E402
 from harness.rundir import atomic_write_bytes  # noqa: E402
 
 DPI = 150
-ARM_COLORS = {"sft": "tab:gray", "grpo": "tab:blue", "papo": "tab:orange", "evi_po": "tab:green"}
+ARM_COLORS = {name: spec.color for name, spec in registry().items() if spec.color}  # arms/<name>/__init__.py
 TAIL = ["tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:olive", "tab:cyan"]
 LINESTYLES = ["-", "--", "-.", ":"]
 HATCHES = ["", "//", "..", "xx", "\\\\", "++"]

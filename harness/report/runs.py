@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.eval import artifact_path
+
 MANIFEST = "run_manifest.json"
 RELATIONS = ("FULL", "CONTROL", "MISSING", "SUBSTITUTE")
 PATH_KEYS = ("root", "path", "base_path", "cache_dir")  # where a thing lies is not what it is
@@ -192,8 +194,8 @@ def _resolved_identity(manifest: dict, completion: dict | None) -> dict:
     return out
 
 
-def _eval_block(run_dir: Path, split: str, suffix: str, fallback: dict | None) -> dict | None:
-    p = run_dir / "eval" / f"{split}{suffix}.json"
+def _eval_block(run_dir: Path, split: str, label: str, fallback: dict | None) -> dict | None:
+    p = artifact_path(run_dir, split, label)
     if p.is_file():
         try:
             return _read_json(p)
@@ -273,8 +275,8 @@ def read_run(path: Path) -> Run:
               notes=notes)
     if not complete:
         return run
-    run.eval_after = _eval_block(path, split, "", completion.get("eval_after"))
-    run.eval_before = _eval_block(path, split, "-before", completion.get("eval_before"))
+    run.eval_after = _eval_block(path, split, "final", completion.get("eval_after"))
+    run.eval_before = _eval_block(path, split, "before", completion.get("eval_before"))
     run.curve = read_curve(path, notes)
     run.metrics = run_metrics(run)
     return run

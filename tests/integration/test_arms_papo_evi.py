@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.accounting import read_rows
+from harness.accounting.logs import read_rows
 from harness.verify import verify
 from tests.conftest import REPO, logged_values, run_harness
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.accounting import read_rows
-from harness.checkpoint import CHECKPOINT_MANIFEST, complete_checkpoints
+from harness.accounting.logs import read_rows
+from harness.accounting.checkpoint import CHECKPOINT_MANIFEST, complete_checkpoints
 from harness.verify import verify
 from tests.conftest import run_harness
 

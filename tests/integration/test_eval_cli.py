@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.checkpoint import complete_checkpoints
+from harness.accounting.checkpoint import complete_checkpoints
 from tests.conftest import run_harness
 
 

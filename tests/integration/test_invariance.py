@@ -25,7 +25,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from harness.accounting import read_rows
+from harness.accounting.logs import read_rows
 
 BASE = ("debug=tiny", "train.eval_before=false", "train.eval_after=false")
 
@@ -171,11 +171,11 @@ def test_num_iterations_reuses_one_generation_for_two_steps(out, spy, arm, ga):
 
 @pytest.mark.parametrize("arm, ga", [("grpo", 1), ("grpo", 2), ("papo", 2)])
 def test_steps_per_generation_serves_two_steps_with_their_own_prompts(out, spy, monkeypatch, arm, ga):
-    import arms.papo
+    import arms.papo.trainer
 
     seeds = []  # papo: (step, slot, image) of every mask drawn; a prompt's G completions share one
-    mask_seed = arms.papo.mask_seed
-    monkeypatch.setattr(arms.papo, "mask_seed", lambda *a: seeds.append(a[1:]) or mask_seed(*a))
+    mask_seed = arms.papo.trainer.mask_seed
+    monkeypatch.setattr(arms.papo.trainer, "mask_seed", lambda *a: seeds.append(a[1:]) or mask_seed(*a))
     d = run(out, f"arm={arm}", "arm.steps_per_generation=2", f"arm.gradient_accumulation_steps={ga}",
             "budget.max_steps=4", "train.save_steps=2")
     ledger = list(read_rows(d / "ledgers/rank-0.jsonl"))
@@ -193,7 +193,7 @@ def test_steps_per_generation_serves_two_steps_with_their_own_prompts(out, spy, 
 
 
 def test_direction_term_scores_the_untempered_policy(out):
-    """evi_po's direction term scores s(c|v) at temperature 1 whatever the sampling temperature (ARMS.md): at step 1
+    """evi_po's direction term scores s(c|v) at temperature 1 whatever the sampling temperature (docs/arms.md): at step 1
     the four views of the step are scored by the same init weights, so loss/direction and the direction accuracy
     must not depend on arm.temperature. Before, TRL's fused head divided the logits by it (softmax at tau x T)."""
     rows = {t: metrics(run(out, "arm=evi_po", f"arm.temperature={t}", "budget.max_steps=1", "train.save_steps=1"))[1]

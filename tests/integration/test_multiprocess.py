@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.accounting import read_rows
+from harness.accounting.logs import read_rows
 from harness.verify import verify
 from tests.conftest import REPO, run_harness
 
@@ -52,7 +52,7 @@ def check_budget_stop(run: Path, comp: dict) -> None:
     still afford the next round's worst case. So: both ranks' ledgers end at the same step, every earlier step
     left every rank room for the next one, the last step left at least one rank without it, and the stop is a
     permanent checkpoint at that step (the budget, not max_steps, ended the run)."""
-    from harness.checkpoint import CHECKPOINT_MANIFEST, complete_checkpoints
+    from harness.accounting.checkpoint import CHECKPOINT_MANIFEST, complete_checkpoints
     from harness.rounds import GenerationRound
 
     plan = json.loads((run / "run_manifest.json").read_text())["plan"]

@@ -1,7 +1,7 @@
 """Tests that need the Hugging Face Hub (marker `network`: skipped unless HARNESS_NETWORK=1).
 
 The harness itself never downloads: `model=qwen` resolves `model.hub_id` in the local HF cache with its own
-torch- and hub-free reader of the cache layout (harness.checks.find_cached_snapshot). What only the network
+torch- and hub-free reader of the cache layout (harness.config.checks.find_cached_snapshot). What only the network
 can show is that this reader agrees with the layout huggingface_hub really writes."""
 
 from __future__ import annotations

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.accounting import read_rows
-from harness.checkpoint import CHECKPOINT_MANIFEST, complete_checkpoints
+from harness.accounting.logs import read_rows
+from harness.accounting.checkpoint import CHECKPOINT_MANIFEST, complete_checkpoints
 from harness.verify import verify
 from tests.conftest import run_harness
 
@@ -84,7 +84,7 @@ def test_final_policy_loads_back_with_the_model_class(grpo_run):
     """final_policy/ reloads with the model class to exactly the trained parameters (digest of the final checkpoint)."""
     from transformers import AutoModelForImageTextToText
 
-    from harness.statedigest import params_digest
+    from harness.accounting.statedigest import params_digest
 
     _, run, _ = grpo_run
     model = AutoModelForImageTextToText.from_pretrained(run / "final_policy")
@@ -261,10 +261,10 @@ def test_direction_scores_match_an_unbatched_computation(grpo_run):
     import torch
     from PIL import Image
 
-    from arms.evi_po import candidate_tokens
+    from harness.answers import candidate_tokens
     from harness.answers import format_answer
     from harness.data import load_split
-    from harness.evaluate import _messages, direction_scores, eval_rows
+    from harness.eval.greedy import _messages, direction_scores, eval_rows
     from harness.policy import load_policy
     from harness.trainsets import group_candidates, view_links
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.accounting import AppendLog, FrontierError, check_frontier, read_rows, rollback
+from harness.accounting.logs import AppendLog, FrontierError, check_frontier, read_rows, rollback
 
 
 def rows(n, start=0):

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from harness.audit import ResumeAuditCallback, ResumeAuditError
-from harness.statedigest import state_digests
+from harness.accounting.statedigest import state_digests
 
 
 class TwoAdapters(torch.nn.Module):
@@ -36,7 +36,7 @@ def _checkpoint(tmp_path, model, opt, sched):
 def _audit(tmp_path, ckpt, model, opt, sched):
     cb = ResumeAuditCallback(tmp_path, ckpt)
     cb.on_train_begin(None, None, None, model=model, optimizer=opt, lr_scheduler=sched)
-    from harness.statedigest import rng_digests
+    from harness.accounting.statedigest import rng_digests
 
     cb.actual["rng"] = rng_digests()
     return cb
@@ -89,7 +89,7 @@ def test_a_checkpoint_without_rng_digests_fails_instead_of_passing_vacuously(tmp
     model, opt, sched = _setup()
     ckpt = _checkpoint(tmp_path, model, opt, sched)
     manifest = json.loads((ckpt / "harness_checkpoint.json").read_text())
-    from harness.statedigest import rng_digests
+    from harness.accounting.statedigest import rng_digests
 
     rng = rng_digests()
     manifest["state_digests"]["rank-0"]["rng"] = {} if drop == "all" else {k: v for k, v in rng.items() if k != drop}

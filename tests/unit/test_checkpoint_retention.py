@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from harness import checkpoint as ckpt
+from harness.accounting import checkpoint as ckpt
 
 
 def _publish(run_dir, step: int, permanent: bool = False):

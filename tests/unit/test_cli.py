@@ -91,7 +91,7 @@ def test_cfg_job_is_torch_free():
 def test_vllm_rollout_refused_naming_what_is_missing():
     import importlib.util
 
-    from harness.checks import cuda_visible
+    from harness.config.checks import cuda_visible
 
     if importlib.util.find_spec("vllm") is not None and cuda_visible():
         pytest.skip("vllm and a CUDA device are here: nothing is missing (the gpu tests run the rollout)")

@@ -9,9 +9,9 @@ from omegaconf import OmegaConf
 from hydra.errors import ConfigCompositionException, MissingConfigException
 from omegaconf.errors import ValidationError
 
-from arms import ARMS
+from arms import registry
 from harness.errors import ConfigError
-from harness.schema import SCHEMAS, Config, iter_fields
+from harness.config.schema import SCHEMAS, Config, iter_fields
 from tests.conftest import CONF
 
 GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir() and p.name != "hydra")  # hydra/: launcher configs
@@ -22,7 +22,7 @@ def _refused_here() -> dict:
     machine has (CUDA, vllm, deepspeed, the checkpoint in the HF cache), so a GPU node does not fail them."""
     import importlib.util
 
-    from harness.checks import cuda_visible, find_cached_snapshot
+    from harness.config.checks import cuda_visible, find_cached_snapshot
 
     gpu, has = cuda_visible(), (lambda m: importlib.util.find_spec(m) is not None)
     out = {}
@@ -76,7 +76,7 @@ def test_every_option_composes_and_plans(plan_of, tmp_path, group, option):
 
 
 def test_arm_registry_conf_and_schemas_share_names():
-    assert set(ARMS) == {y.stem for y in (CONF / "arm").glob("*.yaml")} == set(SCHEMAS["arm"])
+    assert set(registry()) == {y.stem for y in (CONF / "arm").glob("*.yaml")} == set(SCHEMAS["arm"])
 
 
 def test_every_schema_field_has_one_line_help():
@@ -126,10 +126,10 @@ def gpu_node(monkeypatch):
     """Plan as on a GPU node with deepspeed installed (the plan checks are torch-free and look only at these)."""
     import importlib.util
 
-    import harness.checks
+    import harness.config.checks
 
     real = importlib.util.find_spec
-    monkeypatch.setattr(harness.checks, "cuda_visible", lambda: True)
+    monkeypatch.setattr(harness.config.checks, "cuda_visible", lambda: True)
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "deepspeed" else real(name, *a))
 
 

@@ -1,4 +1,4 @@
-"""EVI-PO's pure terms (arms.evi_po): hand-computed values, finite-difference gradients, padding (tokens
+"""EVI-PO's pure terms (arms.evi_po.terms): hand-computed values, finite-difference gradients, padding (tokens
 and candidates) that never contributes, the candidate token split, and the `views` linkage column.
 The trainer glue is tested in test_trl_contract.py."""
 
@@ -11,7 +11,7 @@ import pytest
 
 import torch  # noqa: E402  (a broken install must fail, not skip)
 
-from arms.evi_po import candidate_tokens, direction_loss, evidence_loss  # noqa: E402
+from arms.evi_po.terms import candidate_tokens, direction_loss, evidence_loss  # noqa: E402
 
 # --- direction_loss
 
@@ -166,13 +166,13 @@ def test_rl_dataset_rows_carry_their_views_linkage(tmp_path):
 
 
 def test_mu_weighs_the_control_part_inside_l_evi_by_default_one(compose_cfg):
-    """ARMS.md (updated): mu is the CONTROL part's weight inside L_evi, default 1.0 (it used to default to
+    """docs/arms.md: mu is the CONTROL part's weight inside L_evi, default 1.0 (it used to default to
     lambda_evidence, which made the CONTROL part 1/50 of the MISSING part)."""
     from omegaconf import OmegaConf
 
-    from arms.evi_po import EviKnobs
+    from arms.evi_po.config import EviPoArm
 
     cfg, _ = compose_cfg("arm=evi_po")
     arm = OmegaConf.to_container(cfg.arm)
     assert arm["mu"] == 1.0 and arm["lambda_evidence"] == 0.02
-    assert EviKnobs.from_arm(arm).mu == 1.0
+    assert EviPoArm(**arm).mu == EviPoArm().mu == 1.0

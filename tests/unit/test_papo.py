@@ -9,7 +9,7 @@ import pytest
 
 import torch  # noqa: E402  (a broken install must fail, not skip)
 
-from arms.papo import k3, mask_image, mask_seed, masked_mean, papo_terms  # noqa: E402
+from arms.papo.terms import k3, mask_image, mask_seed, masked_mean, papo_terms  # noqa: E402
 
 # --- k3 and the masked mean
 

@@ -194,7 +194,7 @@ def _jsonl_dataset(root, relations):
 
 
 def test_evi_po_warns_when_missing_views_exceed_a_third(plan_of, tmp_path):
-    """ARMS.md: always-abstain is evi_po's degenerate optimum; MISSING above a third of the training views warns."""
+    """docs/arms.md: always-abstain is evi_po's degenerate optimum; MISSING above a third of the training views warns."""
     heavy = _jsonl_dataset(tmp_path / "heavy", ["MISSING", "MISSING", "FULL", "CONTROL", "MISSING"])
     light = _jsonl_dataset(tmp_path / "light", ["MISSING", "FULL", "CONTROL", "SUBSTITUTE"])
     warned = [w for w in plan_of("arm=evi_po", "data=jsonl", f"data.path={heavy}").warnings if "MISSING" in w]
@@ -228,11 +228,10 @@ def test_the_sft_warm_start_keeps_the_model_and_data_overrides(tmp_path):
     """sft_parent filtered overrides by prefix, so `model=tiny_lm` (it starts with "mode") was dropped and the
     warm start of a tiny_lm run was a tiny_vlm SFT run."""
     from harness.cli import compose_plan
-    from harness.train import sft_parent
 
     child = compose_plan([f"output_root={tmp_path}", "model=tiny_lm", "arm=grpo", "arm.learning_rate=3e-4",
                           "mode=plan", "data.n_base=40"])
-    parent = sft_parent(child)
+    parent = child.parent
     assert parent.config["model"]["name"] == "tiny_lm" and parent.config["arm"]["name"] == "sft"
     assert parent.config["data"]["n_base"] == 40 and parent.config["arm"]["learning_rate"] != 3e-4
     assert parent.config["budget"]["max_steps"] == child.config["budget"]["sft_warm_start_steps"]

@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from harness.accounting import AppendLog, read_rows
-from harness.reward_fn import HarnessReward
+from harness.accounting.logs import AppendLog, read_rows
+from harness.accounting.ledger import HarnessReward
 from harness.rounds import GenerationRound
 
 

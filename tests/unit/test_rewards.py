@@ -11,7 +11,7 @@ from harness.rewards import completion_text, score
 
 
 @dataclass
-class Cfg:  # the fields of harness.schema.RewardConfig
+class Cfg:  # the fields of harness.config.schema.RewardConfig
     correct: float = 1.0
     format_weight: float = 0.1
     invalid_penalty: float = 0.5

@@ -18,11 +18,11 @@ from tests.conftest import REPO, run_harness
 
 HOLDER = textwrap.dedent("""
     import sys, time
-    from harness import schema
+    from harness.config.store import register
     from harness.plan import build_plan
     from harness.rundir import claim
     from hydra import compose, initialize_config_dir
-    schema.register(with_help=False)
+    register(with_help=False)
     with initialize_config_dir(config_dir=sys.argv[1], version_base="1.3"):
         cfg = compose(config_name="config", overrides=sys.argv[2:])
     run_dir = claim(build_plan(cfg))

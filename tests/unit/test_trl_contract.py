@@ -59,7 +59,7 @@ def test_compute_loss_runs_one_policy_forward_through_the_helper():
 
 
 def test_sft_num_tokens_comes_from_an_attribute_that_checkpoints_do_not_save():
-    """The harness saves and restores SFTTrainer._total_train_tokens itself (harness/train.py): TRL logs num_tokens
+    """The harness saves and restores SFTTrainer._total_train_tokens itself (arms/sft/trainer.py, arms/trl_hooks.py): TRL logs num_tokens
     from it and does not put it in its checkpoints. If TRL moves it (e.g. into TrainerState), revisit the fix."""
     from trl import SFTTrainer
 
@@ -204,13 +204,13 @@ def test_evi_po_with_zero_lambdas_is_grpo(env):
 
 
 def test_papo_loss_is_grpo_plus_the_pure_term_on_trls_own_logps(env):
-    from arms.papo import papo_terms
+    from arms.papo.terms import papo_terms
 
     grpo, model = build(env, "grpo")
     papo, _ = build(env, "papo", "arm.gamma=0.5", "arm.eta1=0.1", "arm.eta2=0.1", model=model)
     gen, batch = generation_batch(papo)
     # re-scoring with the unmodified images reproduces TRL's pixel values and log-probs exactly
-    from arms.grpo import row_images
+    from arms.trl_hooks import row_images
 
     pixels = papo.pixels_like(batch, [row_images(x) for x in gen])
     assert torch.equal(pixels, batch["pixel_values"])
@@ -288,7 +288,7 @@ def test_evi_po_direction_scores_are_the_candidates_teacher_forced_logprobs(env)
     """Re-derive s(c|v) for each owner row with one unpadded forward per candidate, straight through the model."""
     import json
 
-    from arms.evi_po import candidate_tokens
+    from harness.answers import candidate_tokens
     from harness.answers import format_answer
 
     evi, model = build(env, "evi_po", "arm.lambda_evidence=0")
@@ -311,7 +311,7 @@ def test_evi_po_direction_scores_are_the_candidates_teacher_forced_logprobs(env)
             with torch.no_grad():
                 logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), pixel_values=pix[i],
                                image_grid_thw=batch["image_grid_thw"][i: i + 1], mm_token_type_ids=mm).logits
-            # the untempered policy (ARMS.md), although TRL samples and scores the GRPO ratio at evi.temperature
+            # the untempered policy (docs/arms.md), although TRL samples and scores the GRPO ratio at evi.temperature
             logits = logits[0, -n - 1: -1].float()
             logp = torch.log_softmax(logits, -1).gather(1, ids[0, -n:, None]).mean()
             assert scores[v, c].item() == pytest.approx(logp.item(), abs=1e-4)
@@ -330,7 +330,7 @@ def test_evi_po_evidence_on_correct_only_weights_only_rewarded_full_rollouts(env
 def test_extra_terms_sum_over_the_accumulation_window_like_trls_loss(env, loss_type):
     """GA = steps_per_generation = 2: the micro-batch terms TRL's buffer hands out sum to the window's token
     mean (dapo: TRL's normalizer) or to the mean of the micro-batch means (bnpo: / accumulation steps)."""
-    from arms.papo import papo_terms
+    from arms.papo.terms import papo_terms
 
     papo, model = build(env, "papo", "arm.gradient_accumulation_steps=2", "arm.steps_per_generation=2",
                         "train.save_steps=2", f"arm.loss_type={loss_type}")

@@ -8,17 +8,17 @@ import dataclasses
 import pytest
 
 from arms.common import BuildContext
-from arms.grpo import grpo_config_kwargs
+from arms.grpo.trainer import grpo_config_kwargs
 
 
 @pytest.fixture
 def vllm_node(monkeypatch):
     import importlib.util
 
-    import harness.checks
+    import harness.config.checks
 
     real = importlib.util.find_spec
-    monkeypatch.setattr(harness.checks, "cuda_visible", lambda: True)
+    monkeypatch.setattr(harness.config.checks, "cuda_visible", lambda: True)
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "vllm" else real(name, *a))
 
 

@@ -17,7 +17,8 @@ from pathlib import Path
 
 from harness.answers import prompt_text
 from harness.data import RELATIONS, row_key
-from harness.rewards import score
+from harness.eval import artifact_path
+from harness.rewards import cut_at_eos, score
 from harness.rundir import atomic_write_bytes, atomic_write_json, now
 
 
@@ -59,12 +60,7 @@ def generate_greedy(model, processor, root: Path, rows: list[dict], *, is_vlm: b
                                      suppress_tokens=suppress_token_ids or None, pad_token_id=tok.pad_token_id,
                                      eos_token_id=list(eos))
             for row, seq in zip(batch, out[:, inputs["input_ids"].shape[1]:].tolist()):
-                ids = []
-                for t in seq:  # up to and including the first end-of-sequence token
-                    ids.append(t)
-                    if t in eos:
-                        break
-                truncated = not ids or ids[-1] not in eos
+                ids, truncated = cut_at_eos(seq, eos)
                 yield row, tok.decode(ids, skip_special_tokens=True), ids, truncated
     finally:
         model.train(was_training)
@@ -81,7 +77,7 @@ def direction_scores(model, processor, root: Path, rows: list[dict], *, is_vlm: 
                      batch_size: int) -> list[tuple[list[float] | None, int]]:
     """Per row: (s(c | v) for each of its group's candidates, the target's index).
 
-    The candidate score is evi_po's s(c | v) (ARMS.md): the mean log-probability of the candidate's own
+    The candidate score is evi_po's s(c | v) (docs/arms.md): the mean log-probability of the candidate's own
     tokens after the chat prompt and the answer prefix, teacher-forced, no generation. Candidates and the
     target's index come from the same linkage evi_po trains on (harness.trainsets.view_links), so the number
     means the same for every arm. Scores are None for a row with fewer than two candidates.
@@ -92,8 +88,7 @@ def direction_scores(model, processor, root: Path, rows: list[dict], *, is_vlm: 
     import torch.nn.functional as F
     from PIL import Image
 
-    from arms.evi_po import candidate_tokens
-    from harness.answers import format_answer
+    from harness.answers import candidate_tokens, format_answer
     from harness.trainsets import group_candidates, view_links
 
     tok = getattr(processor, "tokenizer", processor)
@@ -124,26 +119,15 @@ def direction_scores(model, processor, root: Path, rows: list[dict], *, is_vlm: 
                 enc = processor(text=texts, images=[[opened[i]] for i, _ in reps], padding=True, return_tensors="pt")
             else:
                 enc = tok(texts, padding=True, return_tensors="pt", add_special_tokens=False)
-            seqs, n_pre, n_scored = [], [], []
-            for i, c in reps:
-                prefix, conts, scored = splits[tuple(links[i]["candidates"])]
-                seqs.append(prefix + conts[c])
-                n_pre.append(len(prefix))
-                n_scored.append(scored[c])
-            L = max(len(s) for s in seqs)
-            ids = torch.full((len(seqs), L), tok.pad_token_id, dtype=torch.long)  # (N, L) right-padded
-            real = torch.zeros(len(seqs), L, dtype=torch.long)
-            mask = torch.zeros(len(seqs), L)  # the candidate's own tokens
-            for k, s in enumerate(seqs):
-                ids[k, :len(s)] = torch.tensor(s)
-                real[k, :len(s)] = 1
-                mask[k, n_pre[k]:n_pre[k] + n_scored[k]] = 1.0
+            ids, real, mask = _candidate_batch([splits[tuple(links[i]["candidates"])] for i, _ in reps],
+                                               [c for _, c in reps], tok.pad_token_id)
+            L = ids.size(1)
             enc = {k: v for k, v in enc.items() if hasattr(v, "to")}
             enc["input_ids"] = torch.cat([enc["input_ids"], ids], dim=1)  # (N, P + L)
             enc["attention_mask"] = torch.cat([enc["attention_mask"], real], dim=1)
             for key in ("mm_token_type_ids", "token_type_ids"):
                 if key in enc:
-                    enc[key] = torch.cat([enc[key], enc[key].new_zeros(len(seqs), L)], dim=1)
+                    enc[key] = torch.cat([enc[key], enc[key].new_zeros(len(reps), L)], dim=1)
             enc = {k: v.to(device) for k, v in enc.items()}
             with torch.no_grad():
                 logits = model(**enc, logits_to_keep=L + 1).logits[:, :L].float()  # predicts tokens P .. P+L-1
@@ -158,6 +142,23 @@ def direction_scores(model, processor, root: Path, rows: list[dict], *, is_vlm: 
         model.train(was_training)
         tok.padding_side = side
     return out
+
+
+def _candidate_batch(splits: list[tuple], candidates: list[int], pad_id: int):
+    """(ids, real, scored) (N, L): each sequence's answer prefix + candidate tokens, right-padded; its real
+    tokens; the candidate's own tokens (the ones s(c | v) averages over)."""
+    import torch
+
+    seqs = [prefix + conts[c] for (prefix, conts, _), c in zip(splits, candidates)]
+    L = max(len(x) for x in seqs)
+    ids = torch.full((len(seqs), L), pad_id, dtype=torch.long)
+    real = torch.zeros(len(seqs), L, dtype=torch.long)
+    mask = torch.zeros(len(seqs), L)
+    for k, ((prefix, _, scored), c, x) in enumerate(zip(splits, candidates, seqs)):
+        ids[k, :len(x)] = torch.tensor(x)
+        real[k, :len(x)] = 1
+        mask[k, len(prefix):len(prefix) + scored[c]] = 1.0
+    return ids, real, mask
 
 
 def summarize(scored: list[tuple[dict, object]], direction: list[bool | None] | None = None) -> dict:
@@ -220,8 +221,8 @@ def run_eval(model, processor, root: Path, rows: list[dict], *, plan, run_dir: P
         **(extra or {}),
         **summarize(scored, direction),
     }
-    name = split if label == "final" else f"{split}-{label}"
-    atomic_write_bytes(run_dir / "eval" / f"{name}.predictions.jsonl",
+    out = artifact_path(run_dir, split, label)
+    atomic_write_bytes(out.with_suffix(".predictions.jsonl"),
                        "".join(json.dumps(p, sort_keys=True) + "\n" for p in preds).encode())
-    atomic_write_json(run_dir / "eval" / f"{name}.json", result)
+    atomic_write_json(out, result)
     return result

@@ -23,10 +23,11 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
-from harness import schema
+from harness.config import schema
+from harness.config.store import SWEEPS_DIR
 from harness.errors import ConfigError, Problem
 
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 HELP = "python -m harness --help lists every key"
 GRAMMAR = "https://hydra.cc/docs/advanced/override_grammar/basic/"
 
@@ -310,7 +311,7 @@ def _has_defaults(ov) -> bool:
     from omegaconf import OmegaConf
 
     for option in options:
-        path = (schema.SWEEPS_DIR if ov.key_or_group == "sweep" else CONF_DIR / ov.key_or_group) / f"{option}.yaml"
+        path = (SWEEPS_DIR if ov.key_or_group == "sweep" else CONF_DIR / ov.key_or_group) / f"{option}.yaml"
         if path.is_file() and "defaults" in OmegaConf.load(path):
             return True
     return False

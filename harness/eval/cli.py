@@ -28,7 +28,8 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-from harness.errors import ConfigError, FieldDiff, HarnessError, Problem, ResumeMismatchError
+from harness.errors import ConfigError, HarnessError, Problem
+from harness.eval import artifact_path
 from harness.rundir import read_json
 
 log = logging.getLogger("harness")
@@ -37,20 +38,6 @@ KEYS = ("split", "policy", "max_items", "batch_size", "max_new_tokens")
 
 def _fail(field: str, value, why: str, fix: str) -> ConfigError:
     return ConfigError([Problem(field, value, why, fix)])
-
-
-class DataChangedError(ResumeMismatchError):
-    """The dataset on disk is not the one the run trained on (exit 4, as a resume of the run would be refused)."""
-
-    def __init__(self, run_dir: str, root: str, expected: str, actual: str):
-        self.run_dir, self.root = run_dir, root
-        self.diffs = [FieldDiff("identity.data.content_sha256", expected, actual)]
-        HarnessError.__init__(
-            self,
-            f"DataChangedError: the dataset at {root} is not the one {run_dir} trained on:\n"
-            f"  - identity.data.content_sha256: the run trained on {expected!r}, the dataset on disk has {actual!r}\n"
-            f"    fix: restore {root} to the data the run trained on, or train a new run on the changed data "
-            "(an eval of other data is not comparable with the run's own)")
 
 
 def parse_args(argv: list[str]) -> tuple[Path, dict, bool]:
@@ -89,7 +76,7 @@ def _int(opts: dict, key: str, default):
 
 def resolve(run_dir: Path, opts: dict) -> SimpleNamespace:
     """Check the run dir and the arguments; torch-free, nothing written."""
-    from harness.checkpoint import CHECKPOINT_MANIFEST, checkpoint_problems
+    from harness.accounting.checkpoint import CHECKPOINT_MANIFEST, checkpoint_problems
     from harness.policy import POLICY_MANIFEST, weights_digest
 
     run_dir = run_dir.resolve()
@@ -112,7 +99,7 @@ def resolve(run_dir: Path, opts: dict) -> SimpleNamespace:
         if manifest.get("status") != "completed" or not comp.is_file():
             raise _fail("policy", policy, f"the run has not completed (status {manifest.get('status')!r})",
                         "finish the run first, or evaluate a published checkpoint: policy=checkpoint-<N>")
-        path, label, name = run_dir / "final_policy", "final", split
+        path, label = run_dir / "final_policy", "final"
         if not (path / POLICY_MANIFEST).is_file():
             raise _fail("policy", policy, f"{path} has no {POLICY_MANIFEST}", "run harness.verify on the run dir")
     else:
@@ -130,11 +117,10 @@ def resolve(run_dir: Path, opts: dict) -> SimpleNamespace:
             raise _fail("policy", policy, "the checkpoint is not intact: " + "; ".join(problems),
                         "pick another published checkpoint (harness.verify lists them)")
         label = f"checkpoint-{int(step)}"
-        name = f"{split}-{label}"
     train = c["train"]
     return SimpleNamespace(
         run_dir=run_dir, manifest=manifest, config=c, split=split, policy_path=path, label=label,
-        out=run_dir / "eval" / f"{name}.json", policy_sha256=weights_digest(path),
+        out=artifact_path(run_dir, split, label), policy_sha256=weights_digest(path),
         max_items=_int(opts, "max_items", c["data"]["eval_max_items"]),
         batch_size=_int(opts, "batch_size", train["eval_batch_size"]),
         max_new_tokens=_int(opts, "max_new_tokens", train["eval_max_new_tokens"]))
@@ -159,32 +145,23 @@ def existing(job: SimpleNamespace, force: bool) -> dict | None:
 
 def check_data(job: SimpleNamespace) -> Path:
     """The run's dataset root, validated and checked to be the one the run trained on; torch-free."""
-    from harness.data import data_identity, ensure_synthetic, validate_dataset
+    from harness.stages.data import prepare
 
-    c, ident = job.config, job.manifest["identity"]
-    d = c["data"]
-    root = Path(ident["data"].get("root") or "")
-    if ident["data"].get("kind") == "synthetic" and not (root / "manifest.json").is_file():
-        root = ensure_synthetic(n_base=d["n_base"], data_seed=d["data_seed"],
-                                image_size=d["image_size"] or 4 * c["model"]["patch_size"],
-                                val_fraction=d["val_fraction"], test_fraction=d["test_fraction"],
-                                cache_dir=d["cache_dir"], workers=d["num_workers"])
-    validate_dataset(root, cache_dir=Path(c["output_root"]) / "cache" / "validate", workers=d["num_workers"])
-    content = data_identity(root)["sha256"]
-    expected = ident["data"].get("content_sha256")
-    if expected and content != expected:
-        raise DataChangedError(str(job.run_dir), str(root), expected, content)
-    return root
+    return prepare(job.config, job.manifest["identity"]["data"], run_dir=str(job.run_dir),
+                   fix=f"restore the dataset to the data the run trained on, or train a new run on the changed "
+                       "data (an eval of other data is not comparable with the run's own)").root
 
 
 def evaluate(job: SimpleNamespace) -> dict:
-    from harness.train import quiet_libraries
+    from harness.log import quiet_libraries
 
     quiet_libraries()
     from harness.data import load_split
-    from harness.evaluate import eval_rows, run_eval
+    from harness.eval.greedy import eval_rows, run_eval
+    from harness.identity import code_identity
     from harness.models import special_token_ids_to_suppress
-    from harness.policy import device_of, load_policy
+    from harness.policy import device_of, eos_token_ids, load_policy
+    from harness.rewards import reward_config
 
     c, ident = job.config, job.manifest["identity"]
     root = getattr(job, "data_root", None) or check_data(job)
@@ -192,22 +169,12 @@ def evaluate(job: SimpleNamespace) -> dict:
     model, processor = load_policy(job.policy_path, base_path=ident["model"].get("base_path"), trainable=False)
     plan = SimpleNamespace(run_name=job.manifest["run_name"], identity=ident, config=c)
     model.to(device_of(plan))
-    tok = getattr(processor, "tokenizer", processor)
-    eos = [tok.convert_tokens_to_ids("<|im_end|>")] if "<|im_end|>" in tok.get_vocab() else [tok.eos_token_id]
-    from harness.identity import code_identity
-
     return run_eval(model, processor, root, rows, plan=plan, run_dir=job.run_dir, split=job.split, label=job.label,
-                    policy=str(job.policy_path.relative_to(job.run_dir)), reward_cfg=_reward(c),
+                    policy=str(job.policy_path.relative_to(job.run_dir)), reward_cfg=reward_config(c["reward"]),
                     is_vlm=c["model"]["is_vlm"], max_new_tokens=job.max_new_tokens, batch_size=job.batch_size,
-                    suppress_token_ids=special_token_ids_to_suppress(processor), eos_token_ids=eos,
+                    suppress_token_ids=special_token_ids_to_suppress(processor), eos_token_ids=eos_token_ids(processor),
                     extra={"policy_sha256": job.policy_sha256, "max_items": job.max_items,
                            "evaluated_by": {"command": "harness.eval", "code": code_identity()}})
-
-
-def _reward(c: dict):
-    from harness.train import _Reward
-
-    return _Reward(c["reward"])
 
 
 def print_result(res: dict, out: Path, cached: bool) -> None:
@@ -223,7 +190,7 @@ def print_result(res: dict, out: Path, cached: bool) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from harness.cli import setup_logging
+    from harness.log import setup_logging
 
     setup_logging()
     try:
@@ -243,6 +210,3 @@ def main(argv: list[str] | None = None) -> int:
         print(str(exc), file=sys.stderr)
         return exc.exit_code
 
-
-if __name__ == "__main__":
-    sys.exit(main())

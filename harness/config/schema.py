@@ -1,129 +1,44 @@
-"""Typed configuration: one dataclass schema per config group, registered in Hydra's ConfigStore.
+"""Typed configuration: one dataclass schema per config group, stored in Hydra's ConfigStore by
+harness.config.store.
 
 conf/<group>/<option>.yaml extends the schema stored at /schema/<group>/<schema> (see
-`register`), so a misspelled key or a value of the wrong type fails at compose time, before
+harness.config.store), so a misspelled key or a value of the wrong type fails at compose time, before
 anything is planned. Every field carries `help` (one line: meaning, units, range, paper) and,
 where it matters, bounds (`ge`, `gt`, `le`, `lt`) that plan checks, and `semantic=False` for
 fields that do not change what is trained (logging, paths, worker counts, placement): those
 are left out of `semantic_sha256`, so resuming with another logger is accepted and resuming
 with another learning rate is refused.
 
-Torch-free by design: this module is imported by compose, plan, verify and report.
+Torch-free by design: this module is imported by compose, plan, verify and report. An arm's schema is
+its own config dataclass (arms/<name>/config.py), found through the arm registry.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import typing
-from pathlib import Path
-from dataclasses import dataclass, field
-from enum import Enum
-from typing import Any, Optional
+from dataclasses import dataclass
+from typing import Optional
 
 from omegaconf import MISSING
 
-
-def f(default: Any = MISSING, help: str = "", *, semantic: bool = True, factory=None, **bounds):
-    """A schema field: default, one-line help, semantic flag and numeric bounds (ge/gt/le/lt)."""
-    meta = {"help": help, "semantic": semantic, **bounds}
-    if factory is not None:
-        return field(default_factory=factory, metadata=meta)
-    return field(default=default, metadata=meta)
-
-
-# --- closed vocabularies (an Enum makes a wrong value a compose-time error that lists the valid ones)
-
-
-class Mode(str, Enum):
-    train = "train"
-    plan = "plan"
-
-
-class RunMode(str, Enum):
-    normal = "normal"
-    smoke = "smoke"
-
-
-class Resume(str, Enum):
-    auto = "auto"
-    must = "must"
-    never = "never"
-
-
-class Tuning(str, Enum):
-    full = "full"
-    lora = "lora"
-
-
-class Family(str, Enum):
-    qwen2_vl = "qwen2_vl"
-    qwen2_5_vl = "qwen2_5_vl"
-    qwen3_vl = "qwen3_vl"
-    qwen2 = "qwen2"  # text-only (tiny_lm)
-
-
-class Source(str, Enum):
-    tiny = "tiny"  # built locally from a config with seeded random weights
-    pretrained = "pretrained"  # loaded from model.path or the local Hugging Face cache
-
-
-class DType(str, Enum):
-    float32 = "float32"
-    bfloat16 = "bfloat16"
-    float16 = "float16"
-
-
-class LossType(str, Enum):  # TRL 1.16 GRPOConfig.loss_type
-    grpo = "grpo"
-    dr_grpo = "dr_grpo"
-    dapo = "dapo"
-    bnpo = "bnpo"
-    cispo = "cispo"
-    sapo = "sapo"
-    luspo = "luspo"
-    vespo = "vespo"
-
-
-class ScaleRewards(str, Enum):  # TRL 1.16 GRPOConfig.scale_rewards
-    group = "group"
-    batch = "batch"
-    none = "none"
-
-
-class ISLevel(str, Enum):  # TRL importance_sampling_level; "sequence" is GSPO
-    token = "token"
-    sequence = "sequence"
-
-
-class RolloutBackend(str, Enum):
-    hf = "hf"
-    vllm = "vllm"
-
-
-class VllmMode(str, Enum):
-    colocate = "colocate"
-    server = "server"
-
-
-class ISCorrectionMode(str, Enum):  # TRL vllm_importance_sampling_mode
-    token_truncate = "token_truncate"
-    token_mask = "token_mask"
-    sequence_truncate = "sequence_truncate"
-    sequence_mask = "sequence_mask"
-
-
-class PlacementKind(str, Enum):
-    single = "single"
-    ddp = "ddp"
-    fsdp = "fsdp"
-    deepspeed = "deepspeed"
-
-
-class Scheduler(str, Enum):
-    constant = "constant"
-    constant_with_warmup = "constant_with_warmup"
-    linear = "linear"
-    cosine = "cosine"
+from arms import registry
+from harness.config.fields import (  # noqa: F401  (the vocabularies are read from here too)
+    ArmConfig,
+    DType,
+    Family,
+    ISCorrectionMode,
+    Mode,
+    PlacementKind,
+    Resume,
+    RolloutBackend,
+    RunMode,
+    Scheduler,
+    Source,
+    Tuning,
+    VllmMode,
+    f,
+)
 
 
 # --- model
@@ -167,73 +82,6 @@ class ModelConfig:
     tiny: Optional[TinySpec] = f(None, "build parameters when source=tiny")
 
 
-# --- arms
-
-
-@dataclass
-class ArmConfig:
-    name: str = f(MISSING, "arm name; keys arms.ARMS, conf/arm/<name>.yaml and arms/<name>.py")
-    learning_rate: float = f(1e-4, "AdamW peak learning rate", gt=0.0)
-    lr_scheduler_type: Scheduler = f(Scheduler.constant, "learning-rate schedule")
-    warmup_ratio: float = f(0.0, "fraction of planned steps spent warming up", ge=0.0, lt=1.0)
-    weight_decay: float = f(0.0, "AdamW weight decay", ge=0.0)
-    max_grad_norm: float = f(1.0, "gradient clipping norm", gt=0.0)
-    gradient_accumulation_steps: int = f(1, "micro-batches per optimizer step; a memory knob only: it changes neither what is sampled nor the update", ge=1)
-
-
-@dataclass
-class SftArm(ArmConfig):
-    batch_size: int = f(16, "sequences per optimizer step (global, across ranks)", ge=1)
-    max_length: int = f(256, "tokens per sequence (prompt + completion); longer rows are refused", ge=8)
-    completion_only_loss: bool = f(True, "train only on completion tokens (ARMS.md sft)")
-
-
-@dataclass
-class GrpoArm(ArmConfig):
-    init: str = f("sft", "policy to start from: sft (the SFT run of the same model, data, seed), scratch, or a path")
-    prompts_per_step: int = f(4, "unique prompts per optimizer step (all ranks), each with num_generations completions, whatever the accumulation", ge=1)
-    num_generations: int = f(8, "G: completions sampled per prompt; advantages are normalized within a group", ge=2)
-    max_completion_length: int = f(16, "sampled tokens per completion at most; truncated ones get the invalid-format penalty", ge=1)
-    temperature: float = f(0.7, "sampling temperature; 0.7 learns on the tiny VLM where 1.0 did not move greedy accuracy (measured)", gt=0.0)
-    top_p: float = f(1.0, "nucleus sampling mass", gt=0.0, le=1.0)
-    top_k: int = f(0, "top-k sampling (0 = off)", ge=0)
-    loss_type: LossType = f(LossType.dapo, "TRL loss normalization (grpo, dr_grpo, dapo, bnpo, ...)")
-    scale_rewards: ScaleRewards = f(ScaleRewards.group, "advantage std scaling: group | batch | none (Dr. GRPO)")
-    importance_sampling_level: ISLevel = f(ISLevel.token, "token (GRPO) or sequence (GSPO)")
-    beta: float = f(0.0, "KL coefficient to the reference policy (with LoRA: the frozen initial adapter)", ge=0.0)
-    epsilon: float = f(0.2, "lower clip range of the importance ratio", gt=0.0)
-    epsilon_high: Optional[float] = f(None, "upper clip range (DAPO clip-higher); null = epsilon", gt=0.0)
-    num_iterations: int = f(1, "optimization passes over each generation batch (mu in the GRPO paper); from the second pass the importance ratio is not 1", ge=1)
-    steps_per_generation: int = f(1, "optimizer steps served by one generation batch (prompts_per_step x this many prompts), each step on its own prompts", ge=1)
-    mask_truncated_completions: bool = f(True, "exclude truncated completions from the loss (they still count in the budget)")
-
-
-@dataclass
-class PapoArm(GrpoArm):
-    """PAPO (Wang et al. 2025, arXiv 2507.06448); defaults are the paper's PAPO-G."""
-
-    gamma: float = f(0.02, "coefficient of the implicit perception loss KL_prcp; >= 0.04 collapsed in the paper", ge=0.0)
-    mask_ratio: float = f(0.6, "probability that a patch cell of the image is blacked out", gt=0.0, lt=1.0)
-    patch_size: Optional[int] = f(None, "masking cell size in pixels; null = the processor's patch size", ge=1)
-    kappa: float = f(10.0, "upper clamp of the per-token k3 KL estimate", gt=0.0)
-    eta1: float = f(0.0, "entropy coefficient of the original branch (double entropy regularization)", ge=0.0)
-    eta2: float = f(0.0, "entropy coefficient of the masked branch; no gradient unless recompute_masked_with_grad", ge=0.0)
-    recompute_masked_with_grad: bool = f(False, "re-score the masked image inside the loss with gradient (off: once per generation batch, no grad)")
-
-
-@dataclass
-class EviPoArm(GrpoArm):
-    """EVI-PO, this project's arm (ARMS.md): GRPO plus direction and evidence terms over an item's views."""
-
-    lambda_direction: float = f(0.1, "coefficient of the direction term L_dir; 0 disables it and its forwards", ge=0.0)
-    tau: float = f(1.0, "temperature of the candidate softmax in L_dir", gt=0.0)
-    lambda_evidence: float = f(0.02, "coefficient of the evidence term L_evi; 0 disables it and its forwards", ge=0.0)
-    kappa: float = f(0.2, "upper clamp of k3(p, m_miss) in L_evi", gt=0.0)
-    mu: float = f(1.0, "weight of the CONTROL invariance part inside L_evi, relative to the MISSING part (lambda_evidence scales the whole L_evi)", ge=0.0)
-    eta1: float = f(0.0, "entropy coefficient of the policy branch", ge=0.0)
-    evidence_on_correct_only: bool = f(False, "restrict L_evi to FULL rollouts with reward 1")
-
-
 # --- data, rewards
 
 
@@ -259,7 +107,7 @@ class SyntheticData(DataConfig):
 
 @dataclass
 class JsonlData(DataConfig):
-    path: Optional[str] = f(None, "required: dataset root in the schema of DESIGN.md section 10 (see harness.data validate)", semantic=False)
+    path: Optional[str] = f(None, "required: dataset root in the schema of docs/data.md (see harness.data validate)", semantic=False)
 
 
 @dataclass
@@ -322,7 +170,7 @@ class BudgetConfig:
 class TrainConfig:
     logging_steps: int = f(1, "log metrics every N optimizer steps", semantic=False, ge=1)
     save_steps: int = f(20, "checkpoint every N optimizer steps", semantic=False, ge=1)
-    keep_last: int = f(2, "checkpoints kept besides the permanent ones (eval steps, final)", semantic=False, ge=1)
+    keep_last: int = f(2, "resumable checkpoints kept besides the permanent final one", semantic=False, ge=1)
     eval_before: bool = f(True, "RL arms: evaluate the init policy before training")
     eval_after: bool = f(True, "evaluate the final policy after training")
     eval_batch_size: int = f(64, "prompts per greedy eval batch", semantic=False, ge=1)
@@ -355,42 +203,13 @@ class Config:
 #: group -> {schema name -> dataclass}; conf/<group>/<option>.yaml extends /schema/<group>/<name>.
 SCHEMAS: dict[str, dict[str, type]] = {
     "model": {"model": ModelConfig},
-    "arm": {"sft": SftArm, "grpo": GrpoArm, "papo": PapoArm, "evi_po": EviPoArm},
+    "arm": {name: spec.config for name, spec in registry().items()},  # arms/<name>/config.py
     "data": {"synthetic": SyntheticData, "jsonl": JsonlData},
     "rollout": {"rollout": RolloutConfig},
     "placement": {"placement": PlacementConfig},
     "logger": {"logger": LoggerConfig},
     "budget": {"budget": BudgetConfig},
 }
-
-
-def register(with_help: bool = True) -> None:
-    """Store the root schema and every group schema in Hydra's ConfigStore (idempotent).
-
-    The generated --help text costs ~10 ms, so the CLI builds it only when --help is asked for.
-    """
-    from hydra.core.config_store import ConfigStore
-
-    from harness.help import help_node
-
-    cs = ConfigStore.instance()
-    cs.store(name="base_config", node=Config)
-    for group, schemas in SCHEMAS.items():
-        for name, node in schemas.items():
-            cs.store(group=f"schema/{group}", name=name, node=node)
-    cs.store(group="hydra/help", name="harness", node=help_node() if with_help else {"template": ""})
-    register_sweeps(cs)
-
-
-SWEEPS_DIR = Path(__file__).resolve().parents[1] / "sweeps"
-
-
-def register_sweeps(cs) -> None:
-    """sweeps/<name>.yaml (named multiruns, package _global_) as the config group `sweep`: `-m sweep=<name>`."""
-    from omegaconf import OmegaConf
-
-    for path in sorted(SWEEPS_DIR.glob("*.yaml")):
-        cs.store(group="sweep", name=path.stem, node=OmegaConf.load(path), package="_global_")
 
 
 def iter_fields(cls: type, prefix: str = ""):

@@ -19,7 +19,7 @@ probability mask_ratio (the paper's random patch masking, 0.6 at patch 14).
 
 Defaults: the paper's PAPO-G (gamma 0.02, mask_ratio 0.6, kappa 10, eta1 = eta2 = 0); its
 high-gamma variant pairs gamma with double entropy eta1 = eta2 = 0.05. gamma >= 0.04 collapsed in
-the paper ("KL_prcp hacking"): the planner warns above 0.02 (harness/checks.py).
+the paper ("KL_prcp hacking"): the planner warns above 0.02 (harness/config/checks.py).
 
 Deviations from the paper / official code, all deliberate:
 - Masking is done on the PIL image before the processor, never on processed pixel tensors (TRL's
@@ -44,19 +44,15 @@ Logged: loss/kl_prcp (the clamped KL_prcp), loss/papo (the term added), papo/ent
 logs the importance-ratio clip ratios (clip_ratio/high_mean, ...) as for grpo.
 
 This module's math (k3, masked_mean, papo_terms, mask_image, mask_seed) imports torch and numpy
-only; the trainer is built lazily by `build_trainer` over arms.grpo's shared TRL glue.
+only; the trainer (arms.papo.trainer) is built over the shared TRL glue (arms.trl_hooks).
 """
 
 from __future__ import annotations
 
-import functools
 import hashlib
-from dataclasses import dataclass
 
 import numpy as np
 import torch
-
-from arms.common import BuildContext
 
 K3_CLAMP = 10.0  # the official low_var_kl clamps the estimate to [-10, 10]
 LOG_RATIO_CLAMP = 20.0
@@ -135,116 +131,3 @@ def mask_image(image, *, patch_size: int, ratio: float, seed: int):
     else:
         arr[pixels] = 0
     return Image.fromarray(arr, mode=src.mode) if src.mode in ("I", "F") else Image.fromarray(arr)
-
-
-# --- the knobs
-
-
-@dataclass(frozen=True)
-class PapoKnobs:
-    """The arm's PAPO fields (harness.schema.PapoArm) and the run seed the masks derive from."""
-
-    gamma: float = 0.02
-    mask_ratio: float = 0.6
-    patch_size: int | None = None  # None: the processor's patch size
-    kappa: float = 10.0
-    eta1: float = 0.0
-    eta2: float = 0.0
-    recompute_masked_with_grad: bool = False
-    run_seed: int = 0
-
-    @classmethod
-    def from_arm(cls, arm: dict, run_seed: int) -> "PapoKnobs":
-        return cls(gamma=arm["gamma"], mask_ratio=arm["mask_ratio"], patch_size=arm["patch_size"],
-                   kappa=arm["kappa"], eta1=arm["eta1"], eta2=arm["eta2"],
-                   recompute_masked_with_grad=arm["recompute_masked_with_grad"], run_seed=run_seed)
-
-    @property
-    def needs_masked(self) -> bool:
-        """The masked branch is scored only when a term reads it (gamma or eta2 non-zero)."""
-        return self.gamma > 0 or self.eta2 > 0
-
-    @property
-    def any_term(self) -> bool:
-        return self.needs_masked or self.eta1 > 0
-
-
-# --- the trainer: TRL's GRPO loss unchanged, plus the PAPO term (arms.grpo.extra_terms_trainer_base)
-
-
-@functools.cache
-def trainer_cls():
-    from arms.grpo import extra_terms_trainer_base, row_images
-
-    Base = extra_terms_trainer_base()
-
-    class PapoTrainer(Base):
-        """GRPOTrainer + the PAPO term; see the module docstring."""
-
-        def __init__(self, *args, knobs: PapoKnobs, **kwargs):
-            super().__init__(*args, **kwargs)
-            self.knobs = knobs
-            self.extra_loss_enabled = knobs.any_term
-            proc = getattr(self.processing_class, "image_processor", None)
-            self.mask_patch = knobs.patch_size or getattr(proc, "patch_size", None)
-            if knobs.needs_masked and not self.mask_patch:
-                raise ValueError("arm=papo needs a vision processor with a patch_size (or set arm.patch_size): "
-                                 f"{type(self.processing_class).__name__} has none")
-
-        # -- once per generation batch, no gradient: the masked images and (by default) m
-
-        def score_generation(self, inputs: list[dict], batch: dict) -> dict:
-            k = self.knobs
-            if not k.needs_masked:
-                return {}
-            step, rank = self.state.global_step, self.accelerator.process_index  # step: the round's first step
-            cache: dict[int, list] = {}  # slot -> masked images: the G copies of a prompt share one mask
-            masked = []
-            for i, x in enumerate(inputs):
-                slot, _ = self.generation_round.slot(rank, i)  # unique over the round's prompts, all ranks
-                if slot not in cache:
-                    cache[slot] = [mask_image(img, patch_size=self.mask_patch, ratio=k.mask_ratio,
-                                              seed=mask_seed(k.run_seed, step, slot, j))
-                                   for j, img in enumerate(row_images(x))]
-                masked.append(cache[slot])
-            pixel_values = self.pixels_like(batch, masked)  # (sum of patches, D)
-            if k.recompute_masked_with_grad:  # one tensor per row, so TRL's shuffle and split keep rows aligned
-                return {"papo_masked_pixel_values": self.pixels_per_row(batch, pixel_values)}
-            with torch.no_grad():
-                m = self.score_completions(self.model, batch, pixel_values=pixel_values)  # (B, T)
-            return {"papo_masked_logps": m}
-
-        # -- per micro-batch: the term, on the policy log-probs of TRL's own forward
-
-        def extra_loss(self, model, inputs: dict, logp: torch.Tensor):
-            k = self.knobs
-            mask = self.loss_mask(inputs)  # (B, T)
-            if not k.needs_masked:
-                m = torch.zeros_like(logp)  # read only by zero-coefficient terms
-            elif k.recompute_masked_with_grad:
-                m = self.score_completions(model, inputs, pixel_values=torch.cat(inputs["papo_masked_pixel_values"]))
-            else:
-                m = inputs["papo_masked_logps"]
-            term, stats = papo_terms(logp, m, mask, gamma=k.gamma, kappa=k.kappa, eta1=k.eta1, eta2=k.eta2)
-            term = term * self.token_term_scale(mask, inputs["num_items_in_batch"])
-            n = stats["tokens"]
-            logged = {"loss/papo": (term.detach() * n, n)}
-            if k.needs_masked:
-                logged.update({
-                    "loss/kl_prcp": (stats["kl_prcp"] * n, n),
-                    "papo/entropy_orig": (stats["entropy_orig"] * n, n),
-                    "papo/entropy_masked": (stats["entropy_masked"] * n, n),
-                    "papo/kl_clip_ratio": (stats["kl_clip_ratio"] * n, n),
-                })
-            self.log_sums(logged)
-            return term
-
-    return PapoTrainer
-
-
-def build_trainer(ctx: BuildContext):
-    from arms.grpo import build_trainer as build_grpo
-
-    c = ctx.plan.config
-    knobs = PapoKnobs.from_arm(c["arm"], run_seed=c["seed"])
-    return build_grpo(ctx, trainer_cls=functools.partial(trainer_cls(), knobs=knobs))

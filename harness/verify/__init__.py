@@ -75,7 +75,7 @@ def check_no_torn_writes(run_dir: Path, m: dict) -> list[str]:
 
 
 def _training_checks() -> list[Check]:
-    from harness.completion import CHECKS as TRAINING
+    from harness.verify.training import CHECKS as TRAINING
 
     return list(TRAINING)
 
@@ -118,6 +118,3 @@ def main(argv: list[str] | None = None) -> int:
     print(f"ok: {args.run_dir} (status {status}; {len(CHECKS)} checks passed)")
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,6 +1,6 @@
 """`python -m harness --help`: usage, the config groups and every field's one-line help.
 
-The text is generated from the dataclass schemas (harness/schema.py), so it cannot drift from
+The text is generated from the dataclass schemas (harness/config/schema.py), so it cannot drift from
 what compose accepts. Hydra substitutes $APP_CONFIG_GROUPS and $CONFIG itself.
 """
 
@@ -9,7 +9,9 @@ from __future__ import annotations
 import dataclasses
 import re
 
-USAGE = """harness: compare post-training arms (grpo, papo, evi_po, sft) on the same model, data and budget.
+from arms import registry
+
+USAGE = """harness: compare post-training arms ($ARMS) on the same model, data and budget.
 
 Usage:
   python -m harness [group=option ...] [key=value ...]      train (default: arm=grpo model=tiny_vlm data=synthetic)
@@ -45,7 +47,7 @@ def _fmt_default(fld: dataclasses.Field) -> str:
 
 def fields_help() -> str:
     """Every schema field with its default and help, grouped by config group and option schema."""
-    from harness.schema import SCHEMAS, Config, iter_fields
+    from harness.config.schema import SCHEMAS, Config, iter_fields
 
     lines = ["Fields (key: default  help):"]
     for path, fld in iter_fields(Config):
@@ -64,7 +66,7 @@ def groups_help() -> str:
     """The selectable options of each group, read from conf/ (Hydra's own list adds the schema groups)."""
     from pathlib import Path
 
-    conf = Path(__file__).resolve().parents[1] / "conf"
+    conf = Path(__file__).resolve().parents[2] / "conf"
     rows = []
     for group in sorted(p for p in conf.iterdir() if p.is_dir()):
         options = ", ".join(sorted(y.stem for y in group.glob("*.yaml")))
@@ -79,5 +81,6 @@ def help_node() -> dict:
     # Interpolations in defaults would be resolved by OmegaConf and then read by string.Template
     # (Hydra formats the template with it): show them as <key> instead.
     text = re.sub(r"\$\{([^}]*)\}", r"<\1>", fields_help()).replace("$", "$$")
-    template = f"{USAGE}\n== Config groups (group=option) ==\n{groups_help()}\n\n{text}\n\n== Composed config ==\n$CONFIG\n"
+    usage = USAGE.replace("$ARMS", ", ".join(registry()))
+    template = f"{usage}\n== Config groups (group=option) ==\n{groups_help()}\n\n{text}\n\n== Composed config ==\n$CONFIG\n"
     return {"app_name": "harness", "header": "", "footer": "", "template": template}

@@ -12,25 +12,18 @@ import os
 import shutil
 from pathlib import Path
 
-from arms import ARMS
-from harness.errors import Problem
-from harness.rounds import GenerationRound
-from harness.schema import (
+from arms import registry
+from harness.config.schema import (
     Config,
-    EviPoArm,
     Family,
-    GrpoArm,
     JsonlData,
-    PapoArm,
     PlacementKind,
     RolloutBackend,
-    SftArm,
     Source,
     SyntheticData,
     Tuning,
 )
-
-PAPO_GAMMA_SAFE = 0.02  # ARMS.md: gamma >= 0.04 collapsed in the paper ("KL_prcp hacking")
+from harness.errors import Problem
 
 
 class Findings:
@@ -131,88 +124,14 @@ def check_model(cfg: Config, out: Findings) -> None:
 
 
 def check_arm(cfg: Config, out: Findings) -> None:
-    a, b = cfg.arm, cfg.budget
-    if a.name not in ARMS:
-        out.error("arm.name", a.name, f"is not a registered arm ({', '.join(ARMS)})",
-                  "use one of the registered arms, or register the new arm in arms/__init__.py")
+    """The registry knows the arm; the arm's config checks its own rules (arms/<name>/config.py)."""
+    arms = registry()
+    if cfg.arm.name not in arms:
+        out.error("arm.name", cfg.arm.name, f"is not a registered arm ({', '.join(arms)})",
+                  "use one of the registered arms, or add the package arms/<name>/ (its ARM entry and config) "
+                  "and conf/arm/<name>.yaml")
         return
-    if isinstance(a, SftArm):
-        shards = cfg.placement.num_processes * a.gradient_accumulation_steps
-        if a.batch_size % shards:
-            # the Trainer would floor batch_size / shards per device and silently train on fewer sequences
-            lo, hi = a.batch_size // shards * shards, -(-a.batch_size // shards) * shards
-            out.error("arm.batch_size", a.batch_size,
-                      f"must split evenly over placement.num_processes x arm.gradient_accumulation_steps ({shards}) "
-                      f"micro-batches; otherwise each step would train on {lo} sequences, not {a.batch_size}",
-                      f"use a multiple of {shards}, e.g. {lo or hi} or {hi}")
-    if not isinstance(a, GrpoArm):
-        return
-    if a.init not in ("sft", "scratch") and not any((Path(a.init) / f).is_file()
-                                                     for f in ("config.json", "adapter_config.json")):
-        out.error("arm.init", a.init, "is neither sft, scratch, nor a policy directory (config.json or "
-                  "adapter_config.json in it)",
-                  "use arm.init=sft (default), arm.init=scratch, or a path to an adapter / full weights")
-    rnd = GenerationRound.of(a, world=cfg.placement.num_processes)
-    for problem in rnd.problems():
-        out.error(*problem)
-    if b.max_completion_tokens < rnd.token_bound:
-        out.error("budget.max_completion_tokens", b.max_completion_tokens,
-                  f"is below one generation round's worst case ({rnd.prompts} prompts x {a.num_generations} "
-                  f"generations x {a.max_completion_length} tokens = {rnd.token_bound}), so no round fits",
-                  f"raise it to at least {rnd.token_bound}, or shrink the round")
-    cycle = rnd.cycle  # TRL regenerates once every `cycle` optimizer steps
-    if cycle > 1 and cfg.train.save_steps % cycle:
-        out.error("train.save_steps", cfg.train.save_steps,
-                  f"must be a multiple of the generation cycle, arm.steps_per_generation x arm.num_iterations "
-                  f"({cycle}): the generation buffer is not checkpointed, so a resume mid-cycle would regenerate it "
-                  "and diverge",
-                  f"use a multiple of {cycle}")
-    if a.epsilon_high is not None and a.epsilon_high < a.epsilon:
-        out.error("arm.epsilon_high", a.epsilon_high, f"is below arm.epsilon ({a.epsilon})",
-                  "set epsilon_high >= epsilon, or null to use epsilon")
-    if isinstance(a, (PapoArm, EviPoArm)) and not cfg.model.is_vlm:
-        out.error("arm", a.name, f"{a.name} perturbs the image, but model {cfg.model.name} is text-only",
-                  "use a VLM (model=tiny_vlm or model=qwen), or arm=grpo")
-    if isinstance(a, PapoArm) and a.gamma > PAPO_GAMMA_SAFE:
-        out.warn(f"arm.gamma={a.gamma} is above {PAPO_GAMMA_SAFE}: gamma >= 0.04 collapsed in the PAPO paper "
-                 "(KL_prcp hacking); consider eta1=eta2=0.05 (double entropy) with it")
-    if isinstance(a, EviPoArm) and a.lambda_direction == 0 and a.lambda_evidence == 0:
-        out.warn("arm=evi_po with lambda_direction=0 and lambda_evidence=0 is plain GRPO")
-    if isinstance(a, EviPoArm):
-        share = missing_share(cfg)
-        if share is not None and share[0] * 3 > share[1]:
-            out.warn(f"data: {share[0]} of the {share[1]} {cfg.data.train_split} views ({share[0] / share[1]:.0%}) are "
-                     "MISSING: above a third, always abstaining is the degenerate optimum of evi_po's reward and "
-                     "direction term; keep MISSING views at most a third of the training data, and watch "
-                     "evi/FULL/abstain")
-
-
-def missing_share(cfg: Config) -> tuple[int, int] | None:
-    """(MISSING views, all views) of the training split, or None when it cannot be read yet (torch-free).
-
-    The synthetic set has one MISSING view per base item of four; a jsonl dataset is counted from its records.
-    """
-    d = cfg.data
-    if isinstance(d, SyntheticData):
-        return 1, 4
-    if not d.path:
-        return None
-    import json
-
-    path = Path(d.path) / "records" / f"{d.train_split}.jsonl"
-    missing = total = 0
-    try:
-        with open(path, encoding="utf-8") as fh:
-            for line in fh:
-                if line.strip():
-                    total += 1
-                    try:
-                        missing += json.loads(line).get("relation") == "MISSING"
-                    except (ValueError, AttributeError):
-                        pass  # harness.data validate reports a malformed row with its line
-    except OSError:
-        return None  # a missing split is reported by check_data / validation, with its fix
-    return (missing, total) if total else None
+    cfg.arm.check(cfg, out)
 
 
 # --- data
@@ -249,17 +168,16 @@ def cuda_visible() -> bool:
     return Path("/dev/nvidiactl").exists() or shutil.which("nvidia-smi") is not None
 
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def check_sharded_placement(cfg: Config, out: Findings) -> None:
-    """ddp / fsdp / deepspeed: the Accelerate file exists, the GPU-only placements see a GPU, and the arm's
-    forwards suit the sharding."""
-    p, a = cfg.placement, cfg.arm
+    """ddp / fsdp / deepspeed: the Accelerate file exists and the GPU-only placements see a GPU (whether an
+    arm's forwards suit sharded parameters is the arm's own check)."""
+    p = cfg.placement
     if p.accelerate_config and not (REPO / p.accelerate_config).is_file():
         out.error("placement.accelerate_config", p.accelerate_config, "no such file in the repository",
                   "use a placement option (conf/placement/*.yaml) or point at an Accelerate config under accelerate/")
-    sharded = p.kind is PlacementKind.fsdp or (p.kind is PlacementKind.deepspeed and p.zero_stage == 3)
     if p.kind is PlacementKind.deepspeed:
         if p.zero_stage not in (2, 3):
             out.error("placement.zero_stage", p.zero_stage, "DeepSpeed runs ZeRO stage 2 or 3 here",
@@ -274,11 +192,6 @@ def check_sharded_placement(cfg: Config, out: Findings) -> None:
         out.error("placement", p.name, f"{p.kind.value} needs CUDA devices and none is visible (on CPU the Trainer "
                   "would silently run plain data parallel instead)",
                   "use placement=ddp on CPU (gloo), or run on a GPU node")
-    if sharded and isinstance(a, EviPoArm) and (a.lambda_direction > 0 or a.lambda_evidence > 0):
-        out.error("placement", p.name, "evi_po's extra forwards run on some ranks only (the direction term where a "
-                  "view's first completion is, the evidence term where FULL rows are); with sharded parameters every "
-                  "forward is a collective (all-gather), so the ranks would wait on each other forever",
-                  "use placement=ddp or deepspeed (ZeRO-2), where parameters are replicated")
 
 
 def check_rollout_and_placement(cfg: Config, out: Findings) -> None:
@@ -292,8 +205,8 @@ def check_rollout_and_placement(cfg: Config, out: Findings) -> None:
         if not cuda_visible():
             out.error("rollout", r.name, "vLLM rollouts need a CUDA device and none is visible",
                       "run on a GPU node, or use rollout=hf")
-        if not isinstance(cfg.arm, GrpoArm):
-            out.error("rollout", r.name, "arm=sft samples nothing", "use rollout=hf with arm=sft")
+        if cfg.arm.name in registry() and not registry()[cfg.arm.name].rl:
+            out.error("rollout", r.name, f"arm={cfg.arm.name} samples nothing", f"use rollout=hf with arm={cfg.arm.name}")
         if r.importance_sampling_correction and r.importance_sampling_clip_min >= r.importance_sampling_clip_max:
             # TRL's GRPOConfig refuses it too, but only on the GPU node once the model is loaded
             out.error("rollout.importance_sampling_clip_min", r.importance_sampling_clip_min,

@@ -4,7 +4,7 @@ For each completion it appends one ledger row (completion_id, sampled tokens wit
 terminated or truncated, step) and one reward-trace row (reward, components, parsed answer,
 parser error, relation, provenance) to this rank's logs, then returns the rewards. TRL calls
 it as f(prompts=, completions=, completion_ids=, **dataset columns repeated per completion,
-trainer_state=, log_extra=, log_metric=) — see PLATFORM.md.
+trainer_state=, log_extra=, log_metric=) — see docs/platform.md.
 
 completion_id = <semantic hash[:8]>:<generation step>:<prompt slot>:<generation index>; the
 generation step is the first optimizer step of the generation round (harness.rounds: TRL generates
@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from harness.rewards import completion_text, score
+from harness.rewards import completion_text, cut_at_eos, score
 
 
 class HarnessReward:
@@ -45,7 +45,7 @@ class HarnessReward:
         for j in range(n):
             ids = completion_ids[j]
             record = json.loads(row[j])
-            truncated = not ids or ids[-1] not in self.eos
+            _, truncated = cut_at_eos(ids, self.eos)  # TRL cut the ids after their first end-of-sequence
             slot, gen = rnd.slot(ctx.rank, j)
             cid = f"{self.tag}:{step}:{slot}:{gen}"
             tr = score(completion_text(completions[j]), record, truncated=truncated, cfg=self.reward_cfg)
@@ -63,3 +63,10 @@ class HarnessReward:
         ctx.ledger.flush()
         ctx.trace.flush()
         return rewards
+
+
+def provenance_of(plan) -> dict:
+    """What every trace row carries of the run that sampled it."""
+    code = plan.identity.get("code") or {}
+    return {"config_sha256": plan.identity["config_sha256"], "semantic_sha256": plan.identity["semantic_sha256"],
+            "commit": code.get("commit"), "dirty": code.get("dirty")}

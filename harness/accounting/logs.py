@@ -147,3 +147,25 @@ def trace_path(rank: int) -> str:
 
 
 METRICS_PATH = "metrics.jsonl"
+
+
+def ledger_summary(run_dir: Path, ranks: int = 1) -> dict:
+    """What completion.json reports of the ledgers and traces of `ranks` ranks (and verify recounts)."""
+    tokens = count = truncated = 0
+    groups = set()
+    for r in range(ranks):
+        p = Path(run_dir) / ledger_path(r)
+        for row in read_rows(p) if p.exists() else ():
+            tokens += row["tokens"]
+            count += 1
+            truncated += not row["terminated"]
+            _, step, slot, _ = row["completion_id"].rsplit(":", 3)
+            groups.add((step, slot))
+    malformed = 0
+    for r in range(ranks):
+        p = Path(run_dir) / trace_path(r)
+        for row in read_rows(p) if p.exists() else ():
+            malformed += row["parser_error"] not in (None, "truncated")
+    return {"realized_completion_tokens": tokens, "realized_completion_count": count,
+            "unique_prompt_groups": len(groups), "truncated_completions": truncated,
+            "malformed_completions": malformed}

@@ -1,4 +1,4 @@
-"""sft: TRL's SFTTrainer, completion-only loss, and the loss-token cap (ARMS.md sft).
+"""sft: TRL's SFTTrainer, completion-only loss, and the loss-token cap (docs/arms.md sft).
 
 The cap takes the longest prefix of one deterministic epoch whose loss-bearing tokens fit in
 budget.max_loss_tokens (and whose batches fit in budget.max_steps). Loss tokens are counted
@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import math
 
+from trl import SFTConfig, SFTTrainer
+
 from arms.common import BuildContext, training_kwargs
+from arms.trl_hooks import set_sft_token_count, sft_token_count
 
 
 def loss_tokens(labels) -> int:
@@ -19,26 +22,31 @@ def loss_tokens(labels) -> int:
     return int((labels[..., 1:] != -100).sum())
 
 
-def _trainer_cls():
-    from trl import SFTTrainer
+class HarnessSFTTrainer(SFTTrainer):
+    """SFTTrainer that counts the loss tokens it trains on (optimizer steps only)."""
 
-    class HarnessSFTTrainer(SFTTrainer):
-        """SFTTrainer that counts the loss tokens it trains on (optimizer steps only)."""
+    trained_loss_tokens: int = 0
 
-        trained_loss_tokens: int = 0
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        if model.training and "labels" in inputs:
+            self.trained_loss_tokens += loss_tokens(inputs["labels"])
+        return super().compute_loss(model, inputs, return_outputs=return_outputs,
+                                    num_items_in_batch=num_items_in_batch)
 
-        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-            if model.training and "labels" in inputs:
-                self.trained_loss_tokens += loss_tokens(inputs["labels"])
-            return super().compute_loss(model, inputs, return_outputs=return_outputs,
-                                        num_items_in_batch=num_items_in_batch)
+    # the trainer side of the checkpoint totals (arms.common.BuildContext: the counters protocol)
 
-    return HarnessSFTTrainer
+    def checkpoint_totals(self) -> dict:
+        """This rank's counters a checkpoint records: `trl_` keys are TRL's own (rank 0's value is kept)."""
+        return {"trained_loss_tokens": self.trained_loss_tokens,
+                "trl_sft_total_train_tokens": sft_token_count(self)}
+
+    def restore_checkpoint_totals(self, totals: dict) -> None:
+        """Continue this rank's counts from a checkpoint's totals (resume)."""
+        self.trained_loss_tokens = totals.get("trained_loss_tokens", 0)
+        set_sft_token_count(self, totals.get("trl_sft_total_train_tokens", 0))
 
 
 def build_trainer(ctx: BuildContext):
-    from trl import SFTConfig
-
     c = ctx.plan.config
     a = c["arm"]
     per_device = a["batch_size"] // (ctx.world * a["gradient_accumulation_steps"])  # the plan refused a remainder
@@ -50,7 +58,7 @@ def build_trainer(ctx: BuildContext):
         shuffle_dataset=False,  # the harness fixed the epoch's order (seeded) before the cap
         dataloader_drop_last=False,
     )
-    trainer = _trainer_cls()(
+    trainer = HarnessSFTTrainer(
         model=ctx.model, args=args, train_dataset=ctx.train_dataset, processing_class=ctx.processor,
         callbacks=ctx.callbacks,
     )

@@ -1,5 +1,5 @@
-"""completion.json (written last) and the invariants harness.verify checks against it. Torch-free
-except `write_completion`'s inputs (the trainer), which it only reads.
+"""The invariants harness.verify checks against completion.json (harness.stages.finalize writes it, last).
+Torch-free.
 
 For an RL run: the sum of ledger tokens equals realized_completion_tokens <= completion_token_ceiling;
 ledger completion ids are unique; trace rows match ledger rows one to one; there is at least one
@@ -14,99 +14,12 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from harness.accounting import METRICS_PATH, Frontier, FrontierError, check_frontier, read_rows
-from harness.checkpoint import CHECKPOINT_MANIFEST, checkpoint_problems, complete_checkpoints, list_checkpoints
+from harness.accounting.logs import METRICS_PATH, Frontier, FrontierError, check_frontier, read_rows
+from harness.accounting.checkpoint import CHECKPOINT_MANIFEST, checkpoint_problems, complete_checkpoints, list_checkpoints
+from harness.eval import artifact_name, artifact_path
 from harness.identity import sha256_file
-from harness.rundir import atomic_write_json, now, read_json
+from harness.rundir import COMPLETION, read_json
 
-COMPLETION = "completion.json"
-
-
-def _eval_summary(result: dict | None) -> dict | None:
-    if not result:
-        return None
-    keep = ("n", "accuracy", "abstention_rate", "format_valid", "truncated", "direction_accuracy", "split", "label",
-            "policy", "policy_sha256")
-    out = {k: result[k] for k in keep if k in result}
-    out["per_relation"] = {rel: {k: v for k, v in b.items()} for rel, b in result.get("per_relation", {}).items()}
-    return out
-
-
-def ledger_summary(run_dir: Path, ranks: int = 1) -> dict:
-    tokens = count = truncated = 0
-    groups = set()
-    for r in range(ranks):
-        p = run_dir / f"ledgers/rank-{r}.jsonl"
-        for row in read_rows(p) if p.exists() else ():
-            tokens += row["tokens"]
-            count += 1
-            truncated += not row["terminated"]
-            _, step, slot, _ = row["completion_id"].rsplit(":", 3)
-            groups.add((step, slot))
-    malformed = 0
-    for r in range(ranks):
-        p = run_dir / f"traces/rank-{r}.jsonl"
-        for row in read_rows(p) if p.exists() else ():
-            malformed += row["parser_error"] not in (None, "truncated")
-    return {"realized_completion_tokens": tokens, "realized_completion_count": count,
-            "unique_prompt_groups": len(groups), "truncated_completions": truncated,
-            "malformed_completions": malformed}
-
-
-def write_completion(plan, run, *, ctx, trainer, train_out, evals: dict, wall_s: float, peak_rss_mb: float,
-                     ranks: list[dict] | None = None) -> dict:
-    """completion.json, written last by rank 0; `ranks`: every rank's own counters (gathered), which must
-    match that rank's ledger."""
-    c = plan.config
-    state = trainer.state
-    out = {
-        "status": "completed",
-        "run_name": plan.run_name,
-        "arm": c["arm"]["name"],
-        "optimizer_steps": state.global_step,
-        "stopped_by": "budget" if ctx.stopped_by_budget else "max_steps",
-        "identity": run.manifest["identity"],
-        "parent": run.manifest.get("parent"),
-        "init": run.manifest.get("init"),
-        "eval_before": _eval_summary(evals.get("before")),
-        "eval_after": _eval_summary(evals.get("after")),
-        "checkpoints": [p.name for p in complete_checkpoints(run.path)],
-        "wall_time_s": round(wall_s, 3),
-        "train_runtime_s": round(train_out.metrics.get("train_runtime", 0.0), 3),
-        "peak_rss_mb": round(peak_rss_mb, 1),
-        "peak_cuda_mb": _peak_cuda_mb(),
-        "completed_at": now(),
-    }
-    ranks = ranks or [{"rank": 0, "completion_tokens": ctx.tokens_used, "completions": ctx.completions}]
-    out["world_size"] = len(ranks)
-    if ctx.token_share is not None:
-        out.update(ledger_summary(run.path, ctx.world))
-        out["completion_token_ceiling"] = plan.budget["completion_token_ceiling"]
-        out["ranks"] = [{k: r[k] for k in ("rank", "completion_tokens", "completions")} for r in ranks]
-        if out["realized_completion_tokens"] > out["completion_token_ceiling"]:
-            raise RuntimeError(f"BUG: realized {out['realized_completion_tokens']} tokens > ceiling "
-                               f"{out['completion_token_ceiling']}")
-        if sum(r["completion_tokens"] for r in ranks) != out["realized_completion_tokens"]:
-            raise RuntimeError(f"BUG: the ranks counted {[r['completion_tokens'] for r in ranks]} tokens, their "
-                               f"ledgers hold {out['realized_completion_tokens']}")
-    else:
-        plan_lt = trainer.harness_loss_token_plan
-        trained = sum(r.get("trained_loss_tokens", 0) for r in ranks) if len(ranks) > 1 else trainer.trained_loss_tokens
-        out.update(realized_loss_tokens=trained, planned_loss_tokens=plan_lt["loss_tokens"],
-                   loss_token_ceiling=plan.budget["loss_token_ceiling"], sft_rows=plan_lt["rows"],
-                   # the trainer's max_steps is the prefix's steps, so the Trainer's view says nothing: what cut
-                   # the prefix of the epoch (the loss-token cap, budget.max_steps, or the end of the epoch)
-                   stopped_by=plan_lt["limit"], stopped_by_source="sft_prefix")
-        if len(ranks) > 1:
-            out["ranks"] = [{"rank": r["rank"], "trained_loss_tokens": r.get("trained_loss_tokens", 0)} for r in ranks]
-    atomic_write_json(run.path / COMPLETION, out)
-    return out
-
-
-def _peak_cuda_mb() -> float | None:
-    import torch
-
-    return round(torch.cuda.max_memory_allocated() / 2**20, 1) if torch.cuda.is_available() else None
 
 
 # --- verify checks (registered in harness.verify)
@@ -210,10 +123,10 @@ def check_evals(run_dir: Path, m: dict) -> list[str]:
     if m.get("status") != "completed" or not (run_dir / COMPLETION).is_file():
         return out
     comp = read_json(run_dir / COMPLETION)
-    for key, suffix in (("eval_before", "-before"), ("eval_after", "")):
+    for key, label in (("eval_before", "before"), ("eval_after", "final")):
         ev = comp.get(key)
-        if ev and not (run_dir / "eval" / f"{ev['split']}{suffix}.json").is_file():
-            out.append(f"{key} is recorded but eval/{ev['split']}{suffix}.json is missing")
+        if ev and not artifact_path(run_dir, ev["split"], label).is_file():
+            out.append(f"{key} is recorded but eval/{artifact_name(ev['split'], label)}.json is missing")
     return out
 
 

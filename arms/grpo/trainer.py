@@ -1,0 +1,62 @@
+"""grpo: TRL's GRPOTrainer with the harness reward function (docs/arms.md grpo).
+
+Nothing is overridden: TRL's own loss, generation and checkpointing run as shipped. The
+harness contributes the config mapping (below; the rollout backend's part is harness.rollout),
+the reward function (ledger + trace) and the callbacks. papo and evi_po reuse `build_trainer`
+with a thin subclass of arms.trl_hooks.ExtraTermsGRPOTrainer (the one place that touches TRL
+internals).
+"""
+
+from __future__ import annotations
+
+from arms.common import BuildContext, training_kwargs
+from harness.rollout import rollout_kwargs
+
+
+def grpo_config_kwargs(ctx: BuildContext) -> dict:
+    from harness.rounds import GenerationRound
+
+    c = ctx.plan.config
+    a, r = c["arm"], c["rollout"]
+    # harness units -> TRL units: TRL's steps_per_generation counts micro-batches (harness.rounds)
+    rnd = GenerationRound.of(a, world=ctx.world)  # the plan checked that it divides
+    kw = dict(
+        training_kwargs(ctx),
+        **rnd.trl_kwargs(),
+        max_completion_length=a["max_completion_length"],
+        temperature=a["temperature"],
+        top_p=a["top_p"],
+        top_k=a["top_k"],
+        loss_type=a["loss_type"],
+        scale_rewards=a["scale_rewards"],
+        importance_sampling_level=a["importance_sampling_level"],
+        beta=a["beta"],
+        epsilon=a["epsilon"],
+        epsilon_high=a["epsilon_high"] if a["epsilon_high"] is not None else a["epsilon"],
+        mask_truncated_completions=a["mask_truncated_completions"],
+        # generation_kwargs REPLACES TRL's default suppress_tokens (docs/platform.md): list them ourselves
+        generation_kwargs={"suppress_tokens": list(ctx.suppress_token_ids)},
+        shuffle_dataset=True,
+        log_completions=False,
+        disable_dropout=True,
+    )
+    kw.update(rollout_kwargs(r))
+    return kw
+
+
+def build_trainer(ctx: BuildContext, trainer_cls=None, config_cls=None, **extra_config):
+    from trl import GRPOConfig, GRPOTrainer
+
+    from harness.rounds import GenerationRound
+
+    args = (config_cls or GRPOConfig)(**grpo_config_kwargs(ctx), **extra_config)
+    trainer = (trainer_cls or GRPOTrainer)(
+        model=ctx.model,
+        reward_funcs=[ctx.reward_fn],
+        args=args,
+        train_dataset=ctx.train_dataset,
+        processing_class=ctx.processor,
+        callbacks=ctx.callbacks,
+    )
+    trainer.generation_round = GenerationRound.of(ctx.plan.config["arm"], world=ctx.world)
+    return trainer

@@ -1,0 +1,111 @@
+"""The building blocks of the typed configuration: the field helper `f`, the closed vocabularies and
+the base class of every arm's config. No module of harness.config or arms is imported here, so an arm's
+config (arms/<name>/config.py) and the root schema (harness.config.schema) can both build on it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from omegaconf import MISSING
+
+
+def f(default: Any = MISSING, help: str = "", *, semantic: bool = True, factory=None, **bounds):
+    """A schema field: default, one-line help, semantic flag and numeric bounds (ge/gt/le/lt)."""
+    meta = {"help": help, "semantic": semantic, **bounds}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+# --- closed vocabularies (an Enum makes a wrong value a compose-time error that lists the valid ones)
+
+
+class Mode(str, Enum):
+    train = "train"
+    plan = "plan"
+
+
+class RunMode(str, Enum):
+    normal = "normal"
+    smoke = "smoke"
+
+
+class Resume(str, Enum):
+    auto = "auto"
+    must = "must"
+    never = "never"
+
+
+class Tuning(str, Enum):
+    full = "full"
+    lora = "lora"
+
+
+class Family(str, Enum):
+    qwen2_vl = "qwen2_vl"
+    qwen2_5_vl = "qwen2_5_vl"
+    qwen3_vl = "qwen3_vl"
+    qwen2 = "qwen2"  # text-only (tiny_lm)
+
+
+class Source(str, Enum):
+    tiny = "tiny"  # built locally from a config with seeded random weights
+    pretrained = "pretrained"  # loaded from model.path or the local Hugging Face cache
+
+
+class DType(str, Enum):
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+
+
+class RolloutBackend(str, Enum):
+    hf = "hf"
+    vllm = "vllm"
+
+
+class VllmMode(str, Enum):
+    colocate = "colocate"
+    server = "server"
+
+
+class ISCorrectionMode(str, Enum):  # TRL vllm_importance_sampling_mode
+    token_truncate = "token_truncate"
+    token_mask = "token_mask"
+    sequence_truncate = "sequence_truncate"
+    sequence_mask = "sequence_mask"
+
+
+class PlacementKind(str, Enum):
+    single = "single"
+    ddp = "ddp"
+    fsdp = "fsdp"
+    deepspeed = "deepspeed"
+
+
+class Scheduler(str, Enum):
+    constant = "constant"
+    constant_with_warmup = "constant_with_warmup"
+    linear = "linear"
+    cosine = "cosine"
+
+
+# --- the base of every arm config (arms/<name>/config.py extends it)
+
+
+@dataclass
+class ArmConfig:
+    name: str = f(MISSING, "arm name: arms/<name>/ (its registry entry) and conf/arm/<name>.yaml")
+    learning_rate: float = f(1e-4, "AdamW peak learning rate", gt=0.0)
+    lr_scheduler_type: Scheduler = f(Scheduler.constant, "learning-rate schedule")
+    warmup_ratio: float = f(0.0, "fraction of planned steps spent warming up", ge=0.0, lt=1.0)
+    weight_decay: float = f(0.0, "AdamW weight decay", ge=0.0)
+    max_grad_norm: float = f(1.0, "gradient clipping norm", gt=0.0)
+    gradient_accumulation_steps: int = f(1, "micro-batches per optimizer step; a memory knob only: it changes neither what is sampled nor the update", ge=1)
+
+    def check(self, cfg, out) -> None:
+        """The arm's own plan-time rules over the whole typed config `cfg`: out.error(field, value, why, fix),
+        out.warn(text) (harness.config.checks.Findings). Subclasses extend it (super().check first)."""

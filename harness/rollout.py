@@ -1,0 +1,33 @@
+"""The rollout backend -> TRL mapping: what GRPOConfig receives for `rollout.*` (one module per concern:
+a new backend is added here and in conf/rollout/). Torch-free: returns keyword arguments only.
+
+hf: TRL's transformers generate (nothing to pass). vllm: TRL's vLLM integration, colocated or as a
+server (`trl vllm-serve`), with the importance-sampling correction of the rollout/training mismatch
+and, optionally, sampling constrained to the answer schema's regex.
+"""
+
+from __future__ import annotations
+
+from harness.answers import ANSWER_REGEX
+
+
+def rollout_kwargs(r: dict) -> dict:
+    """GRPOConfig fields of the plan's rollout config `r` (a dict of plan.config["rollout"])."""
+    if r["backend"] != "vllm":
+        return {}
+    kw = dict(
+        use_vllm=True,
+        vllm_mode=r["vllm_mode"],
+        vllm_gpu_memory_utilization=r["gpu_memory_utilization"],
+        vllm_tensor_parallel_size=r["tensor_parallel_size"],
+        vllm_enable_sleep_mode=r["enable_sleep_mode"],
+        vllm_server_host=r["server_host"],
+        vllm_server_port=r["server_port"],
+        vllm_importance_sampling_correction=r["importance_sampling_correction"],
+        vllm_importance_sampling_mode=r["importance_sampling_mode"],
+        vllm_importance_sampling_clip_max=r["importance_sampling_clip_max"],
+        vllm_importance_sampling_clip_min=r["importance_sampling_clip_min"],
+    )
+    if r["structured_output"]:
+        kw["vllm_structured_outputs_regex"] = ANSWER_REGEX
+    return kw

@@ -1,0 +1,116 @@
+"""The finalize stage: the final policy (every rank takes part in the save), every rank's counters
+gathered, then on rank 0 the eval after training and completion.json, written last."""
+
+from __future__ import annotations
+
+import logging
+import resource
+import time
+
+from harness import dist
+from harness.accounting.checkpoint import complete_checkpoints
+from harness.accounting.logs import ledger_summary
+from harness.eval import artifact_path
+from harness.policy import save_final_policy
+from harness.rundir import COMPLETION, RunDir, atomic_write_json, now, read_json
+from harness.stages.train import Trained, eval_policy
+
+log = logging.getLogger("harness")
+
+
+def finalize(plan, run: RunDir, data, policy, trained: Trained, started: float) -> dict | None:
+    """completion.json's content on rank 0 (written), None on the other ranks."""
+    c, ctx, trainer = plan.config, trained.ctx, trained.trainer
+    save_final_policy(trainer, run.path, base_path=policy.base_path, plan=plan)
+    counts = {"rank": ctx.rank, "completion_tokens": ctx.tokens_used, "completions": ctx.completions}
+    counts.update({k: v for k, v in (trainer_totals(trainer)).items() if not k.startswith("trl_")})
+    ranks = dist.all_gather(counts)
+    if not dist.is_main():
+        return None  # rank 0 evaluates and finalizes; no collective follows
+    evals = dict(trained.evals)
+    if c["train"]["eval_after"]:
+        evals["after"] = eval_policy(plan, run.path, data, policy, label="final", policy_ref="final_policy",
+                                     weights=run.path / "final_policy")
+    before = artifact_path(run.path, c["data"]["eval_split"], "before")
+    if "before" not in evals and before.is_file():  # a resumed run evaluated its init in an earlier process
+        evals["before"] = read_json(before)
+    return write_completion(plan, run, ctx=ctx, trainer=trainer, train_out=trained.train_out, evals=evals,
+                            wall_s=time.time() - started, peak_rss_mb=_peak_rss_mb(), ranks=ranks)
+
+
+def trainer_totals(trainer) -> dict:
+    """The trainer's own counters (the counters protocol of arms.common.BuildContext), or none."""
+    totals = getattr(trainer, "checkpoint_totals", None)
+    return totals() if totals else {}
+
+
+def _eval_summary(result: dict | None) -> dict | None:
+    if not result:
+        return None
+    keep = ("n", "accuracy", "abstention_rate", "format_valid", "truncated", "direction_accuracy", "split", "label",
+            "policy", "policy_sha256")
+    out = {k: result[k] for k in keep if k in result}
+    out["per_relation"] = {rel: {k: v for k, v in b.items()} for rel, b in result.get("per_relation", {}).items()}
+    return out
+
+
+
+
+def write_completion(plan, run, *, ctx, trainer, train_out, evals: dict, wall_s: float, peak_rss_mb: float,
+                     ranks: list[dict] | None = None) -> dict:
+    """completion.json, written last by rank 0; `ranks`: every rank's own counters (gathered), which must
+    match that rank's ledger."""
+    c = plan.config
+    state = trainer.state
+    out = {
+        "status": "completed",
+        "run_name": plan.run_name,
+        "arm": c["arm"]["name"],
+        "optimizer_steps": state.global_step,
+        "stopped_by": "budget" if ctx.stopped_by_budget else "max_steps",
+        "identity": run.manifest["identity"],
+        "parent": run.manifest.get("parent"),
+        "init": run.manifest.get("init"),
+        "eval_before": _eval_summary(evals.get("before")),
+        "eval_after": _eval_summary(evals.get("after")),
+        "checkpoints": [p.name for p in complete_checkpoints(run.path)],
+        "wall_time_s": round(wall_s, 3),
+        "train_runtime_s": round(train_out.metrics.get("train_runtime", 0.0), 3),
+        "peak_rss_mb": round(peak_rss_mb, 1),
+        "peak_cuda_mb": _peak_cuda_mb(),
+        "completed_at": now(),
+    }
+    ranks = ranks or [{"rank": 0, "completion_tokens": ctx.tokens_used, "completions": ctx.completions}]
+    out["world_size"] = len(ranks)
+    if plan.rl:
+        out.update(ledger_summary(run.path, ctx.world))
+        out["completion_token_ceiling"] = plan.budget["completion_token_ceiling"]
+        out["ranks"] = [{k: r[k] for k in ("rank", "completion_tokens", "completions")} for r in ranks]
+        if out["realized_completion_tokens"] > out["completion_token_ceiling"]:
+            raise RuntimeError(f"BUG: realized {out['realized_completion_tokens']} tokens > ceiling "
+                               f"{out['completion_token_ceiling']}")
+        if sum(r["completion_tokens"] for r in ranks) != out["realized_completion_tokens"]:
+            raise RuntimeError(f"BUG: the ranks counted {[r['completion_tokens'] for r in ranks]} tokens, their "
+                               f"ledgers hold {out['realized_completion_tokens']}")
+    else:
+        plan_lt = trainer.harness_loss_token_plan
+        trained = sum(r.get("trained_loss_tokens", 0) for r in ranks)
+        out.update(realized_loss_tokens=trained, planned_loss_tokens=plan_lt["loss_tokens"],
+                   loss_token_ceiling=plan.budget["loss_token_ceiling"], sft_rows=plan_lt["rows"],
+                   # the trainer's max_steps is the prefix's steps, so the Trainer's view says nothing: what cut
+                   # the prefix of the epoch (the loss-token cap, budget.max_steps, or the end of the epoch)
+                   stopped_by=plan_lt["limit"], stopped_by_source="sft_prefix")
+        if len(ranks) > 1:
+            out["ranks"] = [{"rank": r["rank"], "trained_loss_tokens": r.get("trained_loss_tokens", 0)} for r in ranks]
+    atomic_write_json(run.path / COMPLETION, out)
+    return out
+
+
+def _peak_cuda_mb() -> float | None:
+    import torch
+
+    return round(torch.cuda.max_memory_allocated() / 2**20, 1) if torch.cuda.is_available() else None
+
+
+def _peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -1,0 +1,41 @@
+"""The policy stage: the base model (built and cached, or found), the init (the parent's final policy,
+scratch, or a path), tuning (LoRA or full) and the device; bound to the run's recorded model digest."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from harness import dist
+from harness.errors import FieldDiff, ResumeMismatchError
+from harness.policy import Policy, apply_tuning, build_base, device_of, eos_token_ids, load_policy
+
+
+def init_of(plan, base_path: str) -> dict:
+    """Where the trained policy starts: {"kind": sft | scratch | path, "path": ...} (sft: the parent's)."""
+    arm = plan.config["arm"]
+    if not plan.rl or arm["init"] == "scratch":
+        return {"kind": "scratch", "path": base_path}
+    if arm["init"] == "sft":
+        parent_dir = Path(plan.parent.run_dir)
+        return {"kind": "sft", "path": str(parent_dir / "final_policy"), "parent_run": plan.parent.run_name,
+                "parent_run_dir": str(parent_dir)}
+    return {"kind": "path", "path": arm["init"]}
+
+
+def build(plan, recorded: dict, corpus: list[str], run_dir: str) -> Policy:
+    """The policy to train; `recorded` is the run's identity.model (a changed model refuses, exit 4)."""
+    from harness.models import special_token_ids_to_suppress
+
+    base_path, base_ident = dist.main_first(build_base, plan, corpus)  # rank 0 builds the cached model
+    files = recorded.get("files_sha256")
+    if files and base_ident.get("files_sha256") and files != base_ident["files_sha256"]:
+        raise ResumeMismatchError(run_dir, [FieldDiff("identity.model.files_sha256", files,
+                                                      base_ident["files_sha256"])],
+                                  "the model files changed since this run started; restore them, or start a new "
+                                  "run (another output_root)")
+    init = init_of(plan, base_path)
+    model, processor = load_policy(init["path"], base_path=base_path)
+    model = apply_tuning(model, plan)
+    model.to(device_of(plan))
+    return Policy(model, processor, base_path, base_ident, init, special_token_ids_to_suppress(processor),
+                  eos_token_ids(processor))

@@ -1,0 +1,123 @@
+"""The resume stage: the newest checkpoint that is complete and intact (torn or corrupted ones are skipped,
+by name), what it recorded for each rank (frontier, counters), and the two resume fixes the stock Trainer
+needs (full-weight strict load; the final-checkpoint shortcut)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from harness.accounting import checkpoint as ckpt
+from harness import dist
+from harness.errors import RunDirStateError
+from harness.rundir import read_json
+
+log = logging.getLogger("harness")
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    checkpoint: Path | None = None  # None: a fresh start
+    manifest: dict = field(default_factory=dict)  # its harness_checkpoint.json
+    skipped: list = field(default_factory=list)  # [{"checkpoint", "problems"}] of newer, unusable ones
+
+    @property
+    def permanent(self) -> bool:
+        """The run's final checkpoint: training is over, only finalize remains."""
+        return bool(self.manifest.get("permanent"))
+
+    def frontier(self, rank: int) -> dict:
+        """This rank's log frontiers at the checkpoint (ledger, trace, metrics), as JSON."""
+        return self.manifest.get("frontier", {}).get(f"rank-{rank}", {})
+
+    def totals(self, rank: int) -> dict:
+        """This rank's counters recorded by the checkpoint (a single-process checkpoint has only `totals`)."""
+        if not self.manifest:
+            return {}
+        per_rank = self.manifest.get("rank_totals") or {}
+        return per_rank.get(f"rank-{rank}", self.manifest["totals"] if rank == 0 and not per_rank else {})
+
+
+def find(plan, run_dir: Path) -> ResumePoint:
+    """The checkpoint to resume from. An explicit `resume_from` must be that checkpoint: resuming from an
+    older one would silently roll the run back (its later checkpoints, ledger rows and metrics orphaned)."""
+    from harness.accounting.logs import Frontier, FrontierError, check_frontier
+
+    ckpt.clean_removals(run_dir)
+    chosen, skipped = None, []
+    for p in reversed(ckpt.list_checkpoints(run_dir)):
+        problems = ckpt.checkpoint_problems(p)
+        if not problems:
+            try:
+                for rank_frontier in read_json(p / ckpt.CHECKPOINT_MANIFEST)["frontier"].values():
+                    for fr in rank_frontier.values():  # every rank's ledger, trace (and rank 0's metrics)
+                        check_frontier(run_dir, Frontier.from_json(fr))
+            except FrontierError as exc:
+                problems = [f"{p.name}: {exc}"]
+        if problems:
+            log.warning("skipping checkpoint %s: %s", p.name, "; ".join(problems))
+            skipped.append({"checkpoint": p.name, "problems": problems})
+            continue
+        chosen = p
+        break
+    manifest = read_json(chosen / ckpt.CHECKPOINT_MANIFEST) if chosen else {}
+    _check_ranks(chosen, manifest, run_dir)
+    _check_explicit(plan.config.get("resume_from"), chosen)
+    if chosen is not None:
+        log.info("resuming from %s (newest complete checkpoint)", chosen.name)
+    return ResumePoint(chosen, manifest, skipped)
+
+
+def _check_ranks(chosen: Path | None, manifest: dict, run_dir: Path) -> None:
+    ranks = len(manifest.get("frontier", {}))
+    if chosen is not None and ranks != dist.world_size():
+        raise RunDirStateError(
+            f"{chosen.name} of {run_dir} was written by {ranks} rank(s), this launch has {dist.world_size()}: "
+            "each rank resumes its own ledger, RNG state and share of the token budget.\n"
+            f"    fix: resume with placement.num_processes={ranks} (and the same placement), or start a new run "
+            "(another output_root)")
+
+
+def _check_explicit(explicit: str | None, chosen: Path | None) -> None:
+    if explicit and (chosen is None or Path(explicit).resolve() != chosen.resolve()):
+        raise RunDirStateError(
+            f"resume_from={explicit} is not the newest complete checkpoint of this run "
+            f"({chosen.name if chosen else 'there is none'}); resuming from it would silently roll the run back.\n"
+            "    fix: drop resume_from (the run continues from its newest complete checkpoint), or start a new run "
+            "(another output_root) from that checkpoint with arm.init=<its path>")
+
+
+def load_full_weights_strictly(model, checkpoint: Path) -> None:
+    """The fix for the Qwen-VL full fine-tuning resume pitfall (docs/platform.md).
+
+    Trainer._load_from_checkpoint loads the checkpoint's safetensors with strict=False under the
+    on-disk key names (visual.*, model.layers.*) while the modules are model.visual.* /
+    model.language_model.*: nothing loads, a warning is printed, and training continues from the
+    init weights with the step-N optimizer. Loading through from_pretrained applies the key
+    mapping; the tensors are then copied into the live model strictly (every key, every shape).
+    """
+    from harness.policy import _auto_model
+
+    model.load_state_dict(_auto_model(str(checkpoint)).state_dict(), strict=True)
+
+
+def load_final_weights(model, checkpoint: Path, tuning: str) -> None:
+    """The weights (full, or the LoRA adapters and the reference adapter) of the run's final checkpoint."""
+    if tuning == "full":
+        load_full_weights_strictly(model, checkpoint)
+        return
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    set_peft_model_state_dict(model, load_file(checkpoint / "adapter_model.safetensors"), adapter_name="default")
+    if (checkpoint / "ref" / "adapter_model.safetensors").is_file() and "ref" in model.peft_config:
+        set_peft_model_state_dict(model, load_file(checkpoint / "ref" / "adapter_model.safetensors"),
+                                  adapter_name="ref")
+
+
+def stock_resume() -> bool:
+    """HARNESS_STOCK_RESUME=1 disables the harness's resume fixes: only for the tests that show the
+    audit catching the stock loader's silent failures."""
+    return os.environ.get("HARNESS_STOCK_RESUME") == "1"

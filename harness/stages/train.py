@@ -1,0 +1,177 @@
+"""The train stage: this rank's logs opened at the resume point's frontiers, the init policy evaluated
+(RL arms, fresh runs), the arm's TRL trainer built from the registry with the harness callbacks (budget,
+metrics, checkpoints; the resume audit on resume), and trained. Every logger is closed, also on failure."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+
+from arms import build_trainer
+from arms.common import LOGGER_ENV, BuildContext
+from harness import dist
+from harness.accounting.logs import METRICS_PATH, AppendLog, Frontier, ledger_path, trace_path
+from harness.callbacks import BudgetCallback, CheckpointCallback, MetricsCallback, QuietProgressCallback, RunContext
+from harness.policy import Policy, device_of
+from harness.rewards import reward_config
+from harness.rounds import GenerationRound
+from harness.stages.resume import ResumePoint, load_final_weights, load_full_weights_strictly, stock_resume
+
+log = logging.getLogger("harness")
+
+
+@dataclass(frozen=True)
+class Trained:
+    trainer: object  # the arm's TRL trainer, after training
+    ctx: RunContext  # this rank's logs (closed) and counters
+    train_out: object  # Trainer.train's output (metrics)
+    evals: dict = field(default_factory=dict)  # {"before": result} when the init was evaluated here
+
+
+def open_logs(plan, run_dir: Path, resume: ResumePoint) -> RunContext:
+    """This rank's RunContext: metrics (rank 0), ledger and trace (RL) reopened at the checkpoint's frontier,
+    and the counters the checkpoint recorded (no need to re-read the ledger)."""
+    ctx = RunContext(run_dir=run_dir, plan=plan, rank=dist.rank(), world=dist.world_size())
+    fr = resume.frontier(ctx.rank)
+    opened = lambda key, rel: AppendLog(run_dir, rel, Frontier.from_json(fr[key]) if key in fr else None)  # noqa: E731
+    ctx.metrics = opened("metrics", METRICS_PATH) if dist.is_main() else None
+    if plan.rl:
+        ctx.ledger, ctx.trace = opened("ledger", ledger_path(ctx.rank)), opened("trace", trace_path(ctx.rank))
+        totals = resume.totals(ctx.rank)
+        ctx.tokens_used, ctx.completions = totals.get("completion_tokens", 0), totals.get("completions", 0)
+        ctx.token_share = plan.budget["completion_token_ceiling"] // ctx.world
+        ctx.round = GenerationRound.of(plan.config["arm"], world=ctx.world)
+    return ctx
+
+
+def eval_policy(plan, run_dir: Path, data, policy: Policy, *, label: str, policy_ref: str, weights) -> dict:
+    """Greedy eval of the live model on the plan's held-out split: eval/<split>[-label].json."""
+    from harness.eval.greedy import run_eval
+    from harness.policy import weights_digest
+
+    c = plan.config
+    res = run_eval(policy.model, policy.processor, data.root, data.test_rows, plan=plan, run_dir=run_dir,
+                   split=c["data"]["eval_split"], label=label, policy=policy_ref, reward_cfg=reward_config(c["reward"]),
+                   is_vlm=c["model"]["is_vlm"], max_new_tokens=c["train"]["eval_max_new_tokens"],
+                   batch_size=c["train"]["eval_batch_size"], suppress_token_ids=policy.suppress_token_ids,
+                   eos_token_ids=policy.eos_token_ids,
+                   # what makes the artifact comparable with a later `python -m harness.eval` of the same weights
+                   extra={"policy_sha256": weights_digest(weights), "max_items": c["data"]["eval_max_items"]})
+    log.info("eval %s: accuracy %.3f on %d %s views", "after" if label == "final" else label, res["accuracy"],
+             res["n"], c["data"]["eval_split"])
+    return res
+
+
+def eval_before(plan, run_dir: Path, data, policy: Policy, resume: ResumePoint) -> dict:
+    """RL arms, fresh runs: the init policy on rank 0 (the other ranks hold the same weights; they wait)."""
+    if not plan.rl or not plan.config["train"]["eval_before"] or resume.checkpoint is not None:
+        return {}
+    out = {}
+    if dist.is_main():
+        out["before"] = eval_policy(plan, run_dir, data, policy, label="before", policy_ref=policy.init["path"],
+                                    weights=policy.init["path"])
+    dist.barrier()
+    return out
+
+
+def build(plan, run_dir: Path, data, policy: Policy, ctx: RunContext, resume: ResumePoint):
+    """The arm's trainer with the harness's callbacks, its counters restored on resume."""
+    from transformers.trainer_callback import ProgressCallback
+
+    from harness.smoke import install_kill_switch
+    from harness.trainsets import rl_dataset, sft_dataset
+
+    c = plan.config
+    is_vlm = c["model"]["is_vlm"]
+    if plan.rl:
+        from harness.accounting.ledger import HarnessReward, provenance_of
+
+        dataset = rl_dataset(data.root, data.train_rows, is_vlm=is_vlm)
+        reward = HarnessReward(ctx, reward_cfg=reward_config(c["reward"]), eos_token_ids=policy.eos_token_ids,
+                               provenance=provenance_of(plan))
+    else:
+        dataset, reward = sft_dataset(data.root, data.train_rows, is_vlm=is_vlm, seed=c["seed"]), None
+    checkpoints = CheckpointCallback(ctx, keep_last=c["train"]["keep_last"])
+    callbacks = [BudgetCallback(ctx), MetricsCallback(ctx, console=c["logger"]["console"]), checkpoints]
+    bctx = BuildContext(plan=plan, run_dir=run_dir, model=policy.model, processor=policy.processor,
+                        train_dataset=dataset, callbacks=callbacks, reward_fn=reward,
+                        suppress_token_ids=policy.suppress_token_ids, device=device_of(plan), world=ctx.world)
+    trainer = build_trainer(plan.arm, bctx)
+    checkpoints.trainer_totals = getattr(trainer, "checkpoint_totals", None)  # the counters protocol
+    if resume.checkpoint is not None and hasattr(trainer, "restore_checkpoint_totals"):
+        trainer.restore_checkpoint_totals(resume.totals(ctx.rank))
+    if not plan.rl:
+        ctx.loss_tokens = trainer.harness_loss_token_plan["loss_tokens"]
+    trainer.remove_callback(ProgressCallback)
+    trainer.add_callback(QuietProgressCallback(ctx))
+    install_kill_switch(trainer, plan)
+    return trainer
+
+
+def train(plan, run_dir: Path, data, policy: Policy, resume: ResumePoint) -> Trained:
+    ctx = open_logs(plan, run_dir, resume)
+    evals = eval_before(plan, run_dir, data, policy, resume)
+    env_before = {k: os.environ.get(k) for k in LOGGER_ENV}
+    trainer = build(plan, run_dir, data, policy, ctx, resume)
+    if resume.checkpoint is not None:
+        from harness.audit import ResumeAuditCallback
+
+        audit = ResumeAuditCallback(run_dir, resume.checkpoint, rank=ctx.rank)
+        audit.attach(trainer)
+        trainer.add_callback(audit)
+        if plan.config["model"]["tuning"] == "full" and not stock_resume():
+            load_full_weights_strictly(policy.model, resume.checkpoint)
+    failed = True
+    try:
+        if resume.permanent:
+            train_out = finish_from_final_checkpoint(plan, trainer, policy.model, resume, ctx)
+        else:
+            train_out = trainer.train(resume_from_checkpoint=str(resume.checkpoint) if resume.checkpoint else None)
+        failed = False
+    finally:  # also on failure: the next job of a sweep (same process) must not inherit open loggers
+        close_loggers(trainer, ctx, env_before, failed=failed)
+    dist.barrier()  # every rank's ledger and trace are closed (fsynced) before rank 0 reads them
+    return Trained(trainer=trainer, ctx=ctx, train_out=train_out, evals=evals)
+
+
+def finish_from_final_checkpoint(plan, trainer, model, resume: ResumePoint, ctx: RunContext):
+    """Killed after its final checkpoint: training is over. Trainer.train would take one more step (it checks
+    max_steps at step end), so the final weights and state are restored (and audited) for finalize."""
+    from transformers import TrainerState
+
+    from harness.audit import ResumeAuditCallback
+
+    checkpoint = resume.checkpoint
+    log.info("%s is the run's final checkpoint: training is complete, finishing the run", checkpoint.name)
+    load_final_weights(model, checkpoint, plan.config["model"]["tuning"])
+    audit = ResumeAuditCallback(ctx.run_dir, checkpoint, rank=ctx.rank)
+    audit.on_train_begin(None, None, None, model=model, optimizer=None, lr_scheduler=None)
+    audit.finish(resume.manifest["step"], only=("params", "adapters"))
+    trainer.state = TrainerState.load_from_json(str(checkpoint / "trainer_state.json"))
+    ctx.stopped_by_budget = bool(resume.manifest["totals"].get("stopped_by_budget"))
+    return SimpleNamespace(metrics={})
+
+
+def close_loggers(trainer, ctx: RunContext, env_before: dict, *, failed: bool) -> None:
+    """Close the harness's logs, TensorBoard writers and a W&B run, and restore the logger environment."""
+    for lg in (ctx.ledger, ctx.trace, ctx.metrics):
+        if lg is not None:
+            lg.close()
+    for cb in trainer.callback_handler.callbacks:
+        writer = getattr(cb, "tb_writer", None)
+        if writer is not None:
+            writer.close()
+            cb.tb_writer = None
+    wandb = sys.modules.get("wandb")
+    if wandb is not None and getattr(wandb, "run", None) is not None:
+        wandb.finish(exit_code=1 if failed else 0)
+        wandb.teardown()  # its settings (the run dir) are cached process-wide; the next job has its own
+    for k, v in env_before.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v

@@ -1,0 +1,5 @@
+import sys
+
+from harness.verify import main
+
+sys.exit(main())
