@@ -108,8 +108,8 @@ def build_plan(cfg: DictConfig | Config, choices: Mapping[str, Any] | None = Non
         "config_sha256": config_sha,
         "semantic_sha256": semantic_sha,
         "non_semantic_fields": non_semantic,
-        "data": data_identity(typed),
-        "model": model_identity(typed),
+        "data": planned_data_identity(typed),
+        "model": planned_model_identity(typed),
         "code": ident.code_identity(),
         "environment": ident.environment_identity(),
     }
@@ -150,8 +150,11 @@ def sft_parent(cfg: Config, overrides: list[str]) -> Plan | None:
     try:
         return build_plan(*compose(argv), argv)
     except ConfigError as exc:  # say whose problem it is: the command line is the child's
+        where = lambda p: (" in conf/arm/sft.yaml (the warm start's arm.* come from there, not from this command "  # noqa: E731
+                           "line)") if p.field.startswith("arm.") else ""
         raise ConfigError([Problem(p.field, p.value, f"in the SFT warm start of this run (arm.init=sft): {p.why}",
-                                   f"{p.fix}; or set arm.init=scratch") for p in exc.problems]) from None
+                                   f"{p.fix}{where(p)}; or set arm.init=scratch or a policy path")
+                           for p in exc.problems]) from None
 
 
 def irrelevant_to_arm(cfg: Config) -> list[str]:
@@ -197,7 +200,7 @@ def make_run_name(cfg: Config, semantic_sha: str) -> str:
 # --- identity placeholders filled by the data and model stages
 
 
-def data_identity(cfg: Config) -> dict:
+def planned_data_identity(cfg: Config) -> dict:
     """Spec identity now (cheap, torch-free); the content digest when the dataset is already on disk."""
     from harness.data import data_identity as read_identity
     from harness.data.spec import synthetic_dir, synthetic_spec, synthetic_spec_sha256
@@ -214,7 +217,7 @@ def data_identity(cfg: Config) -> dict:
             "content_sha256": read_identity(d.path)["sha256"] if os.path.isfile(manifest) else None}
 
 
-def model_identity(cfg: Config) -> dict:
+def planned_model_identity(cfg: Config) -> dict:
     m = cfg.model
     if m.source is Source.tiny:
         spec = {"family": m.family.value, "patch_size": m.patch_size, "is_vlm": m.is_vlm,

@@ -211,6 +211,7 @@ def test_eval_cli_refuses_bad_input_before_importing_torch(grpo_run):
         assert proc.returncode == 2, (args, proc.stderr[-2000:])
         assert f"- {field} = " in proc.stderr and "fix:" in proc.stderr and "Traceback" not in proc.stderr
         assert heavy_imports(proc.stderr) == [], args
+        assert " hydra" not in proc.stderr, args  # the eval CLI composes nothing (it used to load the ConfigStore)
     proc = run_harness(str(run.parent), module="harness.eval", timeout=60)
     assert proc.returncode == 2 and "not a run directory" in proc.stderr
 

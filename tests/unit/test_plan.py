@@ -235,3 +235,18 @@ def test_the_sft_warm_start_keeps_the_model_and_data_overrides(tmp_path):
     assert parent.config["model"]["name"] == "tiny_lm" and parent.config["arm"]["name"] == "sft"
     assert parent.config["data"]["n_base"] == 40 and parent.config["arm"]["learning_rate"] != 3e-4
     assert parent.config["budget"]["max_steps"] == child.config["budget"]["sft_warm_start_steps"]
+
+
+def test_a_problem_of_the_sft_parent_is_refused_at_plan_time_and_named_as_the_parents(tmp_path):
+    """The warm start is planned with the child: a parent that cannot run is refused before anything is written
+    (it used to surface at train time, after the child's run dir was claimed), and says it is the parent's."""
+    from harness.cli import compose_plan
+    from harness.errors import ConfigError
+
+    argv = [f"output_root={tmp_path}", "placement=ddp", "placement.num_processes=3", "arm.prompts_per_step=3"]
+    with pytest.raises(ConfigError) as exc:
+        compose_plan(argv)
+    (p,) = exc.value.problems
+    assert p.field == "arm.batch_size" and "SFT warm start" in p.why and "conf/arm/sft.yaml" in p.fix
+    assert compose_plan([*argv, "arm.init=scratch"]).parent is None  # the child itself is fine
+    assert not (tmp_path / "runs").exists()
