@@ -50,24 +50,21 @@ def _trial(arm: str, plan, data: Path, rows: list[dict], init: Path, steps: int,
 
     import arms
     from arms.common import BuildContext
-    from harness.accounting.logs import AppendLog, ledger_path, trace_path
-    from harness.callbacks import RunContext
     from harness.models import special_token_ids_to_suppress
-    from harness.policy import load_policy
+    from harness.policy import eos_token_ids, load_policy
     from harness.accounting.ledger import HarnessReward
     from harness.accounting.ledger import provenance_of
     from harness.rewards import reward_config
+    from harness.stages.resume import ResumePoint
+    from harness.stages.train import open_logs
     from harness.trainsets import rl_dataset
 
     run_dir = scratch / arm
     shutil.rmtree(run_dir, ignore_errors=True)
     model, processor = load_policy(init)
-    tok = processor.tokenizer
-    eos = [tok.convert_tokens_to_ids("<|im_end|>")]
-    rctx = RunContext(run_dir=run_dir, plan=plan)
-    rctx.ledger, rctx.trace = AppendLog(run_dir, ledger_path(0)), AppendLog(run_dir, trace_path(0))
-    reward = HarnessReward(rctx, reward_cfg=reward_config(plan.config["reward"]),
-                           num_generations=plan.config["arm"]["num_generations"], eos_token_ids=eos,
+    eos = eos_token_ids(processor)
+    rctx = open_logs(plan, run_dir, ResumePoint())  # this rank's ledger, trace and generation round
+    reward = HarnessReward(rctx, reward_cfg=reward_config(plan.config["reward"]), eos_token_ids=eos,
                            provenance=provenance_of(plan))
 
     times = {"step_time": [], "wall": []}
@@ -93,8 +90,8 @@ def _trial(arm: str, plan, data: Path, rows: list[dict], init: Path, steps: int,
     trainer.args.save_strategy = "no"
     trainer.args.disable_tqdm = True
     trainer.train()
-    rctx.ledger.close()
-    rctx.trace.close()
+    for lg in (rctx.ledger, rctx.trace, rctx.metrics):
+        lg.close()
     return {k: v[1:] for k, v in times.items()}
 
 

@@ -39,6 +39,11 @@ class RunContext:
     stopped_by_budget: bool = False
     started: float = field(default_factory=time.time)
 
+    @property
+    def rl(self) -> bool:
+        """The run samples completions (the plan's kind): budget stop, ledger, token progress."""
+        return self.plan.rl
+
     def frontier(self) -> dict:
         out = {}
         if self.ledger is not None:
@@ -70,7 +75,7 @@ class BudgetCallback(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         c = self.ctx
-        if c.token_share is None:
+        if not c.rl:
             return control
         # The successor (index state.global_step) samples only if it opens a new generation round; its worst
         # case is then the round's bound on this rank (every completion at max_completion_length).
@@ -87,11 +92,11 @@ class BudgetCallback(TrainerCallback):
 
 def console_line(step: int, max_steps: int, logs: dict, ctx: RunContext) -> str:
     # RL arms are budget-bound: max_steps is only a cap, so the token share below is the progress that counts
-    parts = [f"step {step}" if ctx.token_share is not None else f"step {step}/{max_steps}"]
+    parts = [f"step {step}" if ctx.rl else f"step {step}/{max_steps}"]
     for key, label in (("reward", "reward"), ("loss", "loss"), ("mean_token_accuracy", "tok-acc")):
         if key in logs:
             parts.append(f"{label} {logs[key]:.3f}")
-    if ctx.token_share is not None:
+    if ctx.rl:
         budget = ctx.plan.budget["completion_token_ceiling"]
         used = ctx.tokens_used * ctx.world  # approximate across ranks for display; the ledgers are exact
         parts.append(f"tokens {used}/{budget} ({100 * used / budget:.0f}%)")
@@ -117,7 +122,7 @@ class MetricsCallback(TrainerCallback):
             return control  # e.g. eval logs at the same step: one row per step
         self.last_logged_step = state.global_step
         row = {"step": state.global_step, **{k: v for k, v in logs.items() if isinstance(v, (int, float))}}
-        if self.ctx.token_share is not None:
+        if self.ctx.rl:
             row["budget/tokens_used_rank0"] = self.ctx.tokens_used
         if self.ctx.metrics is not None:
             self.ctx.metrics.append(row)
@@ -137,7 +142,7 @@ class QuietProgressCallback(ProgressCallback):
         self.ctx = ctx
 
     def _rl(self) -> bool:
-        return self.ctx is not None and self.ctx.token_share is not None
+        return self.ctx is not None and self.ctx.rl
 
     def _tokens(self) -> int:
         return self.ctx.tokens_used * self.ctx.world  # approximate across ranks for display; the ledgers are exact

@@ -27,6 +27,11 @@ from harness.errors import FieldDiff, ResumeMismatchError, RunDirLocked, RunDirS
 
 MANIFEST = "run_manifest.json"
 COMPLETION = "completion.json"  # written last, by harness.stages.finalize
+
+
+def completion_kind(completion: dict) -> str:
+    """The arm's kind a completion.json records (sft | rl); older ones by their budget fields."""
+    return completion.get("kind") or ("rl" if "completion_token_ceiling" in completion else "sft")
 LOCK = "run.lock"
 STATUSES = ("planned", "running", "completed", "failed")
 MANIFEST_VERSION = 1

@@ -148,7 +148,7 @@ def check_data(job: SimpleNamespace) -> Path:
     from harness.stages.data import prepare
 
     return prepare(job.config, job.manifest["identity"]["data"], run_dir=str(job.run_dir),
-                   fix=f"restore the dataset to the data the run trained on, or train a new run on the changed "
+                   fix="restore the dataset to the data the run trained on, or train a new run on the changed "
                        "data (an eval of other data is not comparable with the run's own)").root
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.eval import artifact_path
+from harness.rundir import completion_kind
 
 MANIFEST = "run_manifest.json"
 RELATIONS = ("FULL", "CONTROL", "MISSING", "SUBSTITUTE")
@@ -317,7 +318,7 @@ def run_metrics(run: Run) -> dict[str, float | None]:
     m["eval/format_valid"] = _get(after, "format_valid")
     m["eval/direction_accuracy"] = _get(after, "direction_accuracy")
     m["train/reward_last10pct"] = train_reward_last(run.curve)
-    if "completion_token_ceiling" in c:  # RL: sampled completion tokens
+    if completion_kind(c) == "rl":  # sampled completion tokens
         tokens, ceiling = _get(c, "realized_completion_tokens"), _get(c, "completion_token_ceiling")
     else:  # SFT: loss tokens (no ledger)
         tokens, ceiling = _get(c, "realized_loss_tokens"), _get(c, "loss_token_ceiling")
@@ -331,4 +332,4 @@ def run_metrics(run: Run) -> dict[str, float | None]:
 
 
 def budget_kind(run: Run) -> str:
-    return "sampled" if "completion_token_ceiling" in (run.completion or {}) else "loss"
+    return "sampled" if completion_kind(run.completion or {}) == "rl" else "loss"

@@ -66,6 +66,7 @@ def write_completion(plan, run, *, ctx, trainer, train_out, evals: dict, wall_s:
         "status": "completed",
         "run_name": plan.run_name,
         "arm": c["arm"]["name"],
+        "kind": plan.kind,
         "optimizer_steps": state.global_step,
         "stopped_by": "budget" if ctx.stopped_by_budget else "max_steps",
         "identity": run.manifest["identity"],

@@ -18,7 +18,7 @@ from harness.accounting.logs import METRICS_PATH, Frontier, FrontierError, check
 from harness.accounting.checkpoint import CHECKPOINT_MANIFEST, checkpoint_problems, complete_checkpoints, list_checkpoints
 from harness.eval import artifact_name, artifact_path
 from harness.identity import sha256_file
-from harness.rundir import COMPLETION, read_json
+from harness.rundir import COMPLETION, completion_kind, read_json
 
 
 
@@ -32,7 +32,7 @@ def check_completion_accounting(run_dir: Path, m: dict) -> list[str]:
     out = []
     if comp.get("identity", {}).get("semantic_sha256") != m.get("identity", {}).get("semantic_sha256"):
         out.append(f"{COMPLETION}: identity differs from the manifest's")
-    if "completion_token_ceiling" in comp:
+    if completion_kind(comp) == "rl":
         ledgers = sorted((run_dir / "ledgers").glob("rank-*.jsonl"))
         lrows, trows = [], []
         for lp in ledgers:

@@ -14,7 +14,7 @@ from harness.rounds import GenerationRound
 def simulate(tokens_per_step: list[int], *, share: int, bound: int, generate_every: int = 1, max_steps: int = 100):
     """`bound`: one round's worst case (4 prompts x 8 x bound/32 tokens); `generate_every`: the round's optimizer
     steps (num_iterations passes over one generation)."""
-    plan = SimpleNamespace(budget={"completion_token_ceiling": share})
+    plan = SimpleNamespace(budget={"completion_token_ceiling": share}, rl=True)
     rnd = GenerationRound(prompts_per_step=4, num_generations=8, steps_per_generation=1,
                           num_iterations=generate_every, gradient_accumulation_steps=1,
                           max_completion_length=bound // 32)
