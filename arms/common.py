@@ -76,6 +76,12 @@ class BuildContext:
         return self.run_dir / "checkpoints"
 
 
+def trainer_totals(trainer) -> dict:
+    """The trainer's own counters (the counters protocol of BuildContext), or none."""
+    totals = getattr(trainer, "checkpoint_totals", None)
+    return totals() if totals else {}
+
+
 LOGGER_ENV = ("TENSORBOARD_LOGGING_DIR", "WANDB_MODE", "WANDB_PROJECT", "WANDB_DIR")
 
 

@@ -174,7 +174,7 @@ class CheckpointCallback(TrainerCallback):
 
     def __init__(self, ctx: RunContext, keep_last: int):
         self.ctx, self.keep_last = ctx, keep_last
-        self.trainer_totals = None  # the trainer's checkpoint_totals (e.g. SFT: loss tokens trained so far)
+        self.trainer_totals = dict  # set by the train stage: the trainer's counters (e.g. SFT: loss tokens so far)
         self.published: list[int] = []
 
     def on_save(self, args, state, control, model=None, optimizer=None, lr_scheduler=None, **kwargs):
@@ -184,7 +184,7 @@ class CheckpointCallback(TrainerCallback):
         ckpt_dir = Path(args.output_dir) / f"checkpoint-{step}"
         mine = {"frontier": self.ctx.frontier(), "state": state_digests(model, optimizer, lr_scheduler),
                 "totals": {"completion_tokens": self.ctx.tokens_used, "completions": self.ctx.completions,
-                           **(self.trainer_totals() if self.trainer_totals else {})}}
+                           **self.trainer_totals()}}
         # Every rank saved its part of the checkpoint (e.g. its RNG state) before this gather: rank 0 then
         # digests the files and publishes with every rank's frontier, state digests and counters.
         everyone = dist.all_gather(mine)

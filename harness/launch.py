@@ -17,12 +17,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+from harness.identity import REPO_ROOT
 from harness.rundir import atomic_write_json, read_json
 
 log = logging.getLogger("harness")
 PLAN_ENV = "HARNESS_PLAN"
 EXIT_ENV = "HARNESS_EXIT_FILE"  # rank 0 writes its exit code there
-REPO = Path(__file__).resolve().parents[1]
+REPO = REPO_ROOT
 
 
 def needs_launch(plan) -> bool:

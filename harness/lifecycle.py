@@ -66,7 +66,10 @@ def execute_one(plan: Plan) -> int:
     """Claim (rank 0), run the stages (every rank), print the summary (rank 0). A refusal on rank 0 ends
     every rank with its exit code."""
     _check_world(plan)
-    dist.init(_device(plan))
+    if dist.is_multi():
+        from harness.policy import device_of
+
+        dist.init(device_of(plan))
     main = dist.is_main()
     if not main:
         log.setLevel(logging.WARNING)  # one console: rank 0's
@@ -129,8 +132,7 @@ def run_stages(plan: Plan, run: RunDir) -> dict | None:
     parent = plan.parent and {"run_name": plan.parent.run_name, "run_dir": plan.parent.run_dir,
                               "semantic_sha256": plan.parent.identity["semantic_sha256"]}
     run.update(identity={"model": {"files_sha256": policy.base_identity.get("files_sha256"),
-                                   "base_path": policy.base_path}},
-               parent=parent if policy.init["kind"] == "sft" else run.manifest.get("parent"))
+                                   "base_path": policy.base_path}}, parent=parent)  # a parent iff init=sft
     run.set_status("running", init=policy.init)
     resume = dist.on_main(find, plan, run.path)  # one decision for all ranks
     if resume.skipped:
@@ -149,12 +151,6 @@ def _check_world(plan: Plan) -> None:
             "placement.num_processes", n, f"the launcher started {dist.world_size()} processes (WORLD_SIZE)",
             f"launch with --num_processes {n}, or set placement.num_processes={dist.world_size()} (the budget is "
             "split across exactly these ranks)")])
-
-
-def _device(plan: Plan) -> str:
-    from harness.policy import device_of
-
-    return device_of(plan) if dist.is_multi() else "cpu"  # dist.init is a no-op for one process
 
 
 def _status(run_dir: str) -> str | None:

@@ -23,6 +23,7 @@ from harness.config.schema import (
     SyntheticData,
     Tuning,
 )
+from harness.config.paths import REPO_ROOT
 from harness.errors import Problem
 
 
@@ -168,7 +169,7 @@ def cuda_visible() -> bool:
     return Path("/dev/nvidiactl").exists() or shutil.which("nvidia-smi") is not None
 
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = REPO_ROOT
 
 
 def check_sharded_placement(cfg: Config, out: Findings) -> None:

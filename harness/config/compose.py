@@ -6,9 +6,9 @@ derived from a plan (harness.plan.sft_parent) and a sweep job's run dir are comp
 
 from __future__ import annotations
 
-from pathlib import Path
+from harness.config.paths import CONF_DIR as _CONF
 
-CONF_DIR = str(Path(__file__).resolve().parents[2] / "conf")
+CONF_DIR = str(_CONF)  # Hydra wants a string
 
 
 def ensure_registered() -> None:

@@ -64,14 +64,11 @@ def fields_help() -> str:
 
 def groups_help() -> str:
     """The selectable options of each group, read from conf/ (Hydra's own list adds the schema groups)."""
-    from pathlib import Path
-
-    conf = Path(__file__).resolve().parents[2] / "conf"
+    from harness.config.paths import CONF_DIR as conf, SWEEPS_DIR as sweeps
     rows = []
     for group in sorted(p for p in conf.iterdir() if p.is_dir()):
         options = ", ".join(sorted(y.stem for y in group.glob("*.yaml")))
         rows.append(f"  {group.name}: {options}")
-    sweeps = conf.parent / "sweeps"
     rows.append(f"  sweep (with -m): {', '.join(sorted(y.stem for y in sweeps.glob('*.yaml')))}")
     return "\n".join(rows)
 

@@ -20,14 +20,12 @@ import difflib
 import enum
 import typing
 from functools import lru_cache
-from pathlib import Path
 from typing import Any, Iterable, Optional
 
 from harness.config import schema
-from harness.config.store import SWEEPS_DIR
+from harness.config.paths import CONF_DIR, SWEEPS_DIR
 from harness.errors import ConfigError, Problem
 
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 HELP = "python -m harness --help lists every key"
 GRAMMAR = "https://hydra.cc/docs/advanced/override_grammar/basic/"
 

@@ -3,12 +3,9 @@ named sweeps. The CLI calls `register` once, before Hydra composes. Torch-free."
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from harness.config.help import help_node
+from harness.config.paths import SWEEPS_DIR
 from harness.config.schema import SCHEMAS, Config
-
-SWEEPS_DIR = Path(__file__).resolve().parents[2] / "sweeps"
 
 
 def register(with_help: bool = True) -> None:

@@ -7,6 +7,7 @@ import logging
 import resource
 import time
 
+from arms.common import trainer_totals
 from harness import dist
 from harness.accounting.checkpoint import complete_checkpoints
 from harness.accounting.logs import ledger_summary
@@ -23,7 +24,7 @@ def finalize(plan, run: RunDir, data, policy, trained: Trained, started: float) 
     c, ctx, trainer = plan.config, trained.ctx, trained.trainer
     save_final_policy(trainer, run.path, base_path=policy.base_path, plan=plan)
     counts = {"rank": ctx.rank, "completion_tokens": ctx.tokens_used, "completions": ctx.completions}
-    counts.update({k: v for k, v in (trainer_totals(trainer)).items() if not k.startswith("trl_")})
+    counts.update({k: v for k, v in trainer_totals(trainer).items() if not k.startswith("trl_")})
     ranks = dist.all_gather(counts)
     if not dist.is_main():
         return None  # rank 0 evaluates and finalizes; no collective follows
@@ -38,12 +39,6 @@ def finalize(plan, run: RunDir, data, policy, trained: Trained, started: float) 
                             wall_s=time.time() - started, peak_rss_mb=_peak_rss_mb(), ranks=ranks)
 
 
-def trainer_totals(trainer) -> dict:
-    """The trainer's own counters (the counters protocol of arms.common.BuildContext), or none."""
-    totals = getattr(trainer, "checkpoint_totals", None)
-    return totals() if totals else {}
-
-
 def _eval_summary(result: dict | None) -> dict | None:
     if not result:
         return None
@@ -54,10 +49,8 @@ def _eval_summary(result: dict | None) -> dict | None:
     return out
 
 
-
-
 def write_completion(plan, run, *, ctx, trainer, train_out, evals: dict, wall_s: float, peak_rss_mb: float,
-                     ranks: list[dict] | None = None) -> dict:
+                     ranks: list[dict]) -> dict:
     """completion.json, written last by rank 0; `ranks`: every rank's own counters (gathered), which must
     match that rank's ledger."""
     c = plan.config
@@ -81,7 +74,6 @@ def write_completion(plan, run, *, ctx, trainer, train_out, evals: dict, wall_s:
         "peak_cuda_mb": _peak_cuda_mb(),
         "completed_at": now(),
     }
-    ranks = ranks or [{"rank": 0, "completion_tokens": ctx.tokens_used, "completions": ctx.completions}]
     out["world_size"] = len(ranks)
     if plan.rl:
         out.update(ledger_summary(run.path, ctx.world))

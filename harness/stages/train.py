@@ -12,7 +12,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from arms import build_trainer
-from arms.common import LOGGER_ENV, BuildContext
+from arms.common import LOGGER_ENV, BuildContext, trainer_totals
 from harness import dist
 from harness.accounting.logs import METRICS_PATH, AppendLog, Frontier, ledger_path, trace_path
 from harness.callbacks import BudgetCallback, CheckpointCallback, MetricsCallback, QuietProgressCallback, RunContext
@@ -101,7 +101,7 @@ def build(plan, run_dir: Path, data, policy: Policy, ctx: RunContext, resume: Re
                         train_dataset=dataset, callbacks=callbacks, reward_fn=reward,
                         suppress_token_ids=policy.suppress_token_ids, device=device_of(plan), world=ctx.world)
     trainer = build_trainer(plan.arm, bctx)
-    checkpoints.trainer_totals = getattr(trainer, "checkpoint_totals", None)  # the counters protocol
+    checkpoints.trainer_totals = lambda: trainer_totals(trainer)  # the counters protocol
     if resume.checkpoint is not None and hasattr(trainer, "restore_checkpoint_totals"):
         trainer.restore_checkpoint_totals(resume.totals(ctx.rank))
     if not plan.rl:

@@ -250,3 +250,15 @@ def test_a_problem_of_the_sft_parent_is_refused_at_plan_time_and_named_as_the_pa
     assert p.field == "arm.batch_size" and "SFT warm start" in p.why and "conf/arm/sft.yaml" in p.fix
     assert compose_plan([*argv, "arm.init=scratch"]).parent is None  # the child itself is fine
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_plan_and_its_parent_survive_the_driver_plan_file(tmp_path):
+    """Ranks run exactly the plan the driver wrote (harness.launch): from_json(to_json) is the same plan."""
+    import json
+
+    from harness.cli import compose_plan
+    from harness.plan import Plan
+
+    plan = compose_plan([f"output_root={tmp_path}", "arm=papo", "seed=2"])
+    again = Plan.from_json(json.loads(json.dumps(plan.to_json())))
+    assert again == plan and again.parent == plan.parent and again.parent.kind == "sft" and again.rl

@@ -108,3 +108,30 @@ def test_reward_is_torch_free_and_pure():
 )
 def test_completion_text(completion, text):
     assert completion_text(completion) == text
+
+
+def test_cut_at_eos_is_the_rule_the_ledger_eval_and_evi_po_each_used_to_spell_out():
+    """One truncation rule replaced three spellings; it must agree with each on every shape of sequence."""
+    import random
+
+    from harness.rewards import cut_at_eos
+
+    eos, pad = {7, 9}, 0
+    rng = random.Random(0)
+    for _ in range(500):
+        ids = [rng.choice([0, 1, 2, 7, 9]) for _ in range(rng.randint(0, 6))]
+        got_ids, got_trunc = cut_at_eos(ids, eos, pad)
+        # greedy eval: up to and including the first eos, truncated when the last kept token is no eos
+        kept = []
+        for t in ids:
+            kept.append(t)
+            if t in eos:
+                break
+        assert cut_at_eos(ids, eos) == (kept, not kept or kept[-1] not in eos)
+        # evi_po's grading: padding dropped from a truncated row
+        end = next((j for j, t in enumerate(ids) if t in eos), None)
+        assert (got_ids, got_trunc) == (([t for t in ids if t != pad], True) if end is None
+                                        else (ids[: end + 1], False))
+        # the ledger (TRL's ids end at their first eos): truncated = empty or no eos at the end
+        if end is None or end == len(ids) - 1:
+            assert got_trunc == (not ids or ids[-1] not in eos)
