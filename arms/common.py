@@ -104,6 +104,7 @@ def training_kwargs(ctx: BuildContext) -> dict:
         warmup_steps=a["warmup_ratio"],  # a float in [0, 1) is a ratio of the planned steps
         weight_decay=a["weight_decay"],
         max_grad_norm=a["max_grad_norm"],
+        gradient_checkpointing=c["model"]["gradient_checkpointing"],  # TRL's configs default it to True
         gradient_accumulation_steps=a["gradient_accumulation_steps"],
         max_steps=c["budget"]["max_steps"],
         logging_steps=t["logging_steps"],

@@ -30,9 +30,11 @@ def execute(plan: Plan) -> int:
         raise ConfigError([Problem("arm.init", "sft", "this plan carries no SFT parent (it was built from a config "
                                    "without its command line)",
                                    "plan it with harness.cli.compose_plan(argv), or set arm.init=scratch")])
-    if plan.parent is not None and _status(plan.run_dir) != "completed":
+    t0 = time.perf_counter()
+    ran_parent = plan.parent is not None and _status(plan.run_dir) != "completed"
+    if ran_parent:
         run_parent(plan.parent)
-    return execute_one(plan)
+    return execute_one(plan, parent_s=time.perf_counter() - t0 if ran_parent else 0.0)
 
 
 def run_parent(parent: Plan, poll_s: float = 2.0) -> None:
@@ -62,9 +64,9 @@ def _check(parent: Plan, code: int) -> None:
         raise RuntimeError(f"the SFT warm start {parent.run_dir} failed (exit {code})")
 
 
-def execute_one(plan: Plan) -> int:
+def execute_one(plan: Plan, parent_s: float = 0.0) -> int:
     """Claim (rank 0), run the stages (every rank), print the summary (rank 0). A refusal on rank 0 ends
-    every rank with its exit code."""
+    every rank with its exit code. `parent_s`: the seconds this process spent running the plan's parents."""
     _check_world(plan)
     if dist.is_multi():
         from harness.policy import device_of
@@ -96,7 +98,7 @@ def execute_one(plan: Plan) -> int:
             run = RunDir.follower(plan.run_dir, resumed=outcome["resumed"])
         _announce(plan, run)
         try:
-            completion = run_stages(plan, run)
+            completion = run_stages(plan, run, parent_s=parent_s)
         except BaseException as exc:
             rank = {"rank": dist.rank()} if dist.is_multi() else {}
             run.set_status("failed", error={"type": type(exc).__name__, "message": str(exc)[:2000],
@@ -110,8 +112,9 @@ def execute_one(plan: Plan) -> int:
             run.release()
 
 
-def run_stages(plan: Plan, run: RunDir) -> dict | None:
-    """data -> policy -> resume point -> train -> finalize; completion.json's content on rank 0."""
+def run_stages(plan: Plan, run: RunDir, parent_s: float = 0.0) -> dict | None:
+    """data -> policy -> resume point -> train -> finalize; completion.json's content on rank 0, with the
+    seconds of each phase (`phases_s`: the next regression is visible in every run)."""
     from harness.log import quiet_libraries
     from harness.stages import data as data_stage
     from harness.stages import policy as policy_stage
@@ -121,14 +124,17 @@ def run_stages(plan: Plan, run: RunDir) -> dict | None:
     from harness.trainsets import corpus
 
     started = time.time()
+    clock = Phases(parent=parent_s)
     quiet_libraries()
     data = dist.main_first(data_stage.prepare, plan.config, run.manifest["identity"]["data"], run_dir=str(run.path),
                            fix="restore the dataset, or start a new run (another output_root)")  # rank 0 builds caches
     run.update(identity={"data": {"content_sha256": data.content_sha256, "root": str(data.root)}})
     log.info("data: %s (%s)", data.root, data.summary)
     data = data_stage.load_rows(plan.config, data)
+    clock.lap("data")
     policy = policy_stage.build(plan, run.manifest["identity"]["model"], corpus(data.train_rows + data.test_rows),
                                 str(run.path))
+    clock.lap("model")
     parent = plan.parent and {"run_name": plan.parent.run_name, "run_dir": plan.parent.run_dir,
                               "semantic_sha256": plan.parent.identity["semantic_sha256"]}
     run.update(identity={"model": {"files_sha256": policy.base_identity.get("files_sha256"),
@@ -137,11 +143,29 @@ def run_stages(plan: Plan, run: RunDir) -> dict | None:
     resume = dist.on_main(find, plan, run.path)  # one decision for all ranks
     if resume.skipped:
         run.update(skipped_checkpoints=[*run.manifest.get("skipped_checkpoints", []), *resume.skipped])
-    trained = train(plan, run.path, data, policy, resume)
-    completion = finalize(plan, run, data, policy, trained, started)
+    trained = train(plan, run.path, data, policy, resume, clock=clock)
+    completion = finalize(plan, run, data, policy, trained, started, clock=clock)
     if completion is not None:
         run.set_status("completed")
     return completion
+
+
+class Phases:
+    """Wall seconds per phase of a run, in order: `lap(name)` closes the phase that ends now."""
+
+    ORDER = ("parent", "data", "model", "eval_before", "train", "eval_after", "finalize")
+
+    def __init__(self, parent: float = 0.0):
+        self.seconds = {"parent": round(parent, 3)}
+        self._t = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.seconds[name] = round(self.seconds.get(name, 0.0) + now - self._t, 3)
+        self._t = now
+
+    def as_dict(self) -> dict:
+        return {k: self.seconds.get(k, 0.0) for k in self.ORDER}
 
 
 def _check_world(plan: Plan) -> None:
@@ -193,5 +217,11 @@ def _summary(plan: Plan, comp: dict) -> None:
             extra = f"   (abstains {a['abstention_rate']:.2f})" if rel in ("MISSING", "FULL") else ""
             bs = f"{b['accuracy']:.3f}" if b.get("accuracy") is not None else "  -  "
             lines.append(f"    {rel:<11} accuracy {bs} -> {a['accuracy']:.3f}{extra}")
+    phases = comp.get("phases_s")
+    if phases:
+        reused = " (reused)" if (before.get("reused_from") and phases.get("eval_before", 0) < 1) else ""
+        lines.append("  phases (s): " + ", ".join(
+            f"{k.replace('_', ' ')} {v:.1f}{reused if k == 'eval_before' else ''}" for k, v in phases.items())
+            + f"; total {sum(phases.values()):.1f}")
     for line in lines:
         log.info("%s", line)

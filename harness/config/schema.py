@@ -78,6 +78,12 @@ class ModelConfig:
     )
     dtype: DType = f(DType.float32, "weight dtype; float32 on CPU")
     attn_implementation: str = f("sdpa", "transformers attention backend (eager | sdpa | flash_attention_2)")
+    gradient_checkpointing: bool = f(
+        True, "recompute activations in the backward pass (less memory, ~20% more compute); the same gradients "
+        "either way. TRL's default; off in the tiny models' options", semantic=False)
+    image_cache_mb: int = f(
+        64, "LRU of preprocessed images per image digest (rollouts, re-scoring, eval); the same tensors as "
+        "without it; 0 = off", semantic=False, ge=0)
     cache_dir: str = f("${output_root}/cache/models", "where built tiny models are cached", semantic=False)
     tiny: Optional[TinySpec] = f(None, "build parameters when source=tiny")
 

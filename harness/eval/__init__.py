@@ -13,3 +13,25 @@ def artifact_name(split: str, label: str) -> str:
 
 def artifact_path(run_dir: str | Path, split: str, label: str) -> Path:
     return Path(run_dir) / "eval" / f"{artifact_name(split, label)}.json"
+
+
+#: What must be equal for an eval artifact to stand for another evaluation of the same weights: the
+#: weights (digest), the rows (data digest, split, max_items), the decoding (greedy, max_new_tokens, batch
+#: size: padding changes a batch's numerics), the scoring (reward weights) and the code.
+REUSE_KEYS = ("policy_sha256", "data_sha256", "split", "max_items", "decoding", "reward", "code")
+
+
+def reuse_settings(result: dict) -> dict:
+    """The REUSE_KEYS an eval artifact records (an older artifact lacks some: it is never reused)."""
+    out = {k: result[k] for k in REUSE_KEYS if k in result}
+    if "code" in (result.get("identity") or {}):
+        out["code"] = result["identity"]["code"]
+    return out
+
+
+def reuse_mismatches(stored: dict, wanted: dict) -> list[str]:
+    """The settings in which a stored artifact differs from the evaluation wanted ([] = reusable). Weights
+    without a digest are never the same weights."""
+    have = reuse_settings(stored)
+    return [k for k in REUSE_KEYS if k not in have or have[k] != wanted.get(k)
+            or (k == "policy_sha256" and wanted.get(k) is None)]

@@ -159,7 +159,7 @@ def evaluate(job: SimpleNamespace) -> dict:
     from harness.data import load_split
     from harness.eval.greedy import eval_rows, run_eval
     from harness.identity import code_identity
-    from harness.models import special_token_ids_to_suppress
+    from harness.models import imagecache, special_token_ids_to_suppress
     from harness.policy import device_of, eos_token_ids, load_policy
     from harness.rewards import reward_config
 
@@ -167,6 +167,7 @@ def evaluate(job: SimpleNamespace) -> dict:
     root = getattr(job, "data_root", None) or check_data(job)
     rows = eval_rows(load_split(root, job.split), job.max_items)
     model, processor = load_policy(job.policy_path, base_path=ident["model"].get("base_path"), trainable=False)
+    imagecache.install(processor, c["model"].get("image_cache_mb", 0))  # runs planned before the field: off
     plan = SimpleNamespace(run_name=job.manifest["run_name"], identity=ident, config=c)
     model.to(device_of(plan))
     return run_eval(model, processor, root, rows, plan=plan, run_dir=job.run_dir, split=job.split, label=job.label,

@@ -213,7 +213,7 @@ def run_eval(model, processor, root: Path, rows: list[dict], *, plan, run_dir: P
         "split": split,
         "label": label,
         "policy": policy,
-        "decoding": {"greedy": True, "max_new_tokens": max_new_tokens},
+        "decoding": {"greedy": True, "max_new_tokens": max_new_tokens, "batch_size": batch_size},
         "created_at": now(),
         "wall_s": round(time.time() - t0, 3),
         "run_name": plan.run_name,

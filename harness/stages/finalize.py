@@ -12,6 +12,7 @@ from harness import dist
 from harness.accounting.checkpoint import complete_checkpoints
 from harness.accounting.logs import ledger_summary
 from harness.eval import artifact_path
+from harness.models import imagecache
 from harness.policy import save_final_policy
 from harness.rundir import COMPLETION, RunDir, atomic_write_json, now, read_json
 from harness.stages.train import Trained, eval_policy
@@ -19,8 +20,9 @@ from harness.stages.train import Trained, eval_policy
 log = logging.getLogger("harness")
 
 
-def finalize(plan, run: RunDir, data, policy, trained: Trained, started: float) -> dict | None:
-    """completion.json's content on rank 0 (written), None on the other ranks."""
+def finalize(plan, run: RunDir, data, policy, trained: Trained, started: float, clock=None) -> dict | None:
+    """completion.json's content on rank 0 (written), None on the other ranks. `clock`
+    (harness.lifecycle.Phases) gets the laps eval_after and finalize; its phases go into completion.json."""
     c, ctx, trainer = plan.config, trained.ctx, trained.trainer
     save_final_policy(trainer, run.path, base_path=policy.base_path, plan=plan)
     counts = {"rank": ctx.rank, "completion_tokens": ctx.tokens_used, "completions": ctx.completions}
@@ -29,30 +31,35 @@ def finalize(plan, run: RunDir, data, policy, trained: Trained, started: float) 
     if not dist.is_main():
         return None  # rank 0 evaluates and finalizes; no collective follows
     evals = dict(trained.evals)
+    if clock is not None:
+        clock.lap("finalize")  # the final save and the gather
     if c["train"]["eval_after"]:
         evals["after"] = eval_policy(plan, run.path, data, policy, label="final", policy_ref="final_policy",
                                      weights=run.path / "final_policy")
+    if clock is not None:
+        clock.lap("eval_after")
     before = artifact_path(run.path, c["data"]["eval_split"], "before")
     if "before" not in evals and before.is_file():  # a resumed run evaluated its init in an earlier process
         evals["before"] = read_json(before)
     return write_completion(plan, run, ctx=ctx, trainer=trainer, train_out=trained.train_out, evals=evals,
-                            wall_s=time.time() - started, peak_rss_mb=_peak_rss_mb(), ranks=ranks)
+                            wall_s=time.time() - started, peak_rss_mb=_peak_rss_mb(), ranks=ranks, clock=clock,
+                            image_cache=imagecache.stats(policy.processor))
 
 
 def _eval_summary(result: dict | None) -> dict | None:
     if not result:
         return None
     keep = ("n", "accuracy", "abstention_rate", "format_valid", "truncated", "direction_accuracy", "split", "label",
-            "policy", "policy_sha256")
+            "policy", "policy_sha256", "reused_from")
     out = {k: result[k] for k in keep if k in result}
     out["per_relation"] = {rel: {k: v for k, v in b.items()} for rel, b in result.get("per_relation", {}).items()}
     return out
 
 
 def write_completion(plan, run, *, ctx, trainer, train_out, evals: dict, wall_s: float, peak_rss_mb: float,
-                     ranks: list[dict]) -> dict:
+                     ranks: list[dict], clock=None, image_cache: dict | None = None) -> dict:
     """completion.json, written last by rank 0; `ranks`: every rank's own counters (gathered), which must
-    match that rank's ledger."""
+    match that rank's ledger. `phases_s` closes with the time it takes to write it (finalize)."""
     c = plan.config
     state = trainer.state
     out = {
@@ -72,6 +79,7 @@ def write_completion(plan, run, *, ctx, trainer, train_out, evals: dict, wall_s:
         "train_runtime_s": round(train_out.metrics.get("train_runtime", 0.0), 3),
         "peak_rss_mb": round(peak_rss_mb, 1),
         "peak_cuda_mb": _peak_cuda_mb(),
+        "image_cache": image_cache,
         "completed_at": now(),
     }
     out["world_size"] = len(ranks)
@@ -95,6 +103,9 @@ def write_completion(plan, run, *, ctx, trainer, train_out, evals: dict, wall_s:
                    stopped_by=plan_lt["limit"], stopped_by_source="sft_prefix")
         if len(ranks) > 1:
             out["ranks"] = [{"rank": r["rank"], "trained_loss_tokens": r.get("trained_loss_tokens", 0)} for r in ranks]
+    if clock is not None:
+        clock.lap("finalize")
+        out["phases_s"] = clock.as_dict()
     atomic_write_json(run.path / COMPLETION, out)
     return out
 

@@ -24,7 +24,7 @@ def init_of(plan, base_path: str) -> dict:
 
 def build(plan, recorded: dict, corpus: list[str], run_dir: str) -> Policy:
     """The policy to train; `recorded` is the run's identity.model (a changed model refuses, exit 4)."""
-    from harness.models import special_token_ids_to_suppress
+    from harness.models import imagecache, special_token_ids_to_suppress
 
     base_path, base_ident = dist.main_first(build_base, plan, corpus)  # rank 0 builds the cached model
     files = recorded.get("files_sha256")
@@ -35,6 +35,7 @@ def build(plan, recorded: dict, corpus: list[str], run_dir: str) -> Policy:
                                   "run (another output_root)")
     init = init_of(plan, base_path)
     model, processor = load_policy(init["path"], base_path=base_path)
+    imagecache.install(processor, plan.config["model"]["image_cache_mb"])
     model = apply_tuning(model, plan)
     model.to(device_of(plan))
     return Policy(model, processor, base_path, base_ident, init, special_token_ids_to_suppress(processor),

@@ -60,22 +60,74 @@ def eval_policy(plan, run_dir: Path, data, policy: Policy, *, label: str, policy
                    batch_size=c["train"]["eval_batch_size"], suppress_token_ids=policy.suppress_token_ids,
                    eos_token_ids=policy.eos_token_ids,
                    # what makes the artifact comparable with a later `python -m harness.eval` of the same weights
-                   extra={"policy_sha256": weights_digest(weights), "max_items": c["data"]["eval_max_items"]})
+                   extra=eval_settings(plan, data, weights_digest(weights)))
     log.info("eval %s: accuracy %.3f on %d %s views", "after" if label == "final" else label, res["accuracy"],
              res["n"], c["data"]["eval_split"])
     return res
 
 
+def eval_settings(plan, data, policy_sha256: str | None) -> dict:
+    """What an eval artifact records besides its metrics, so that a later eval of the same weights can
+    recognize it (harness.eval.REUSE_KEYS; `python -m harness.eval` reads policy_sha256 and max_items)."""
+    c = plan.config
+    return {"policy_sha256": policy_sha256, "max_items": c["data"]["eval_max_items"],
+            "data_sha256": data.content_sha256, "reward": dict(c["reward"])}
+
+
 def eval_before(plan, run_dir: Path, data, policy: Policy, resume: ResumePoint) -> dict:
-    """RL arms, fresh runs: the init policy on rank 0 (the other ranks hold the same weights; they wait)."""
+    """RL arms, fresh runs: the init policy on rank 0 (the other ranks hold the same weights; they wait).
+    An SFT warm start's own final eval is reused when it evaluated these weights with these settings."""
     if not plan.rl or not plan.config["train"]["eval_before"] or resume.checkpoint is not None:
         return {}
     out = {}
     if dist.is_main():
-        out["before"] = eval_policy(plan, run_dir, data, policy, label="before", policy_ref=policy.init["path"],
-                                    weights=policy.init["path"])
+        out["before"] = (reuse_parent_eval(plan, run_dir, data, policy)
+                         or eval_policy(plan, run_dir, data, policy, label="before", policy_ref=policy.init["path"],
+                                        weights=policy.init["path"]))
     dist.barrier()
     return out
+
+
+def reuse_parent_eval(plan, run_dir: Path, data, policy: Policy) -> dict | None:
+    """The parent's final eval as this run's eval before (written to eval/<split>-before.json with
+    `reused_from`), when it scored the same weights (digest) with the same settings; else None."""
+    import json
+    import shutil
+
+    from harness.eval import artifact_path, reuse_mismatches
+    from harness.policy import weights_digest
+    from harness.rundir import atomic_write_json, now
+
+    if policy.init.get("kind") != "sft":
+        return None
+    c = plan.config
+    src = artifact_path(policy.init["parent_run_dir"], c["data"]["eval_split"], "final")
+    try:
+        stored = json.loads(src.read_text())
+    except (OSError, ValueError):
+        return None
+    wanted = {**eval_settings(plan, data, weights_digest(policy.init["path"])), "split": c["data"]["eval_split"],
+              "decoding": {"greedy": True, "max_new_tokens": c["train"]["eval_max_new_tokens"],
+                           "batch_size": c["train"]["eval_batch_size"]},
+              "code": plan.identity.get("code")}
+    diffs = reuse_mismatches(stored, wanted)
+    if diffs:
+        log.info("eval before: the SFT warm start's eval differs in %s; evaluating", ", ".join(diffs))
+        return None
+    out = artifact_path(run_dir, c["data"]["eval_split"], "before")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    preds = src.with_suffix(".predictions.jsonl")
+    if preds.is_file():
+        shutil.copyfile(preds, out.with_suffix(".predictions.jsonl"))
+    res = {**stored, "label": "before", "policy": policy.init["path"], "run_name": plan.run_name,
+           "identity": {k: plan.identity.get(k) for k in ("config_sha256", "semantic_sha256", "data", "model", "code")},
+           "created_at": now(), "wall_s": 0.0,
+           "reused_from": {"artifact": str(src), "policy_sha256": stored["policy_sha256"],
+                           "evaluated_at": stored.get("created_at"), "wall_s": stored.get("wall_s")}}
+    atomic_write_json(out, res)
+    log.info("eval before: accuracy %.3f on %d %s views (the SFT warm start's final eval of the same weights, "
+             "sha256 %s..., reused)", res["accuracy"], res["n"], c["data"]["eval_split"], stored["policy_sha256"][:12])
+    return res
 
 
 def build(plan, run_dir: Path, data, policy: Policy, ctx: RunContext, resume: ResumePoint):
@@ -112,9 +164,12 @@ def build(plan, run_dir: Path, data, policy: Policy, ctx: RunContext, resume: Re
     return trainer
 
 
-def train(plan, run_dir: Path, data, policy: Policy, resume: ResumePoint) -> Trained:
+def train(plan, run_dir: Path, data, policy: Policy, resume: ResumePoint, clock=None) -> Trained:
+    """`clock` (harness.lifecycle.Phases) gets the laps eval_before and train."""
     ctx = open_logs(plan, run_dir, resume)
     evals = eval_before(plan, run_dir, data, policy, resume)
+    if clock is not None:
+        clock.lap("eval_before")
     env_before = {k: os.environ.get(k) for k in LOGGER_ENV}
     trainer = build(plan, run_dir, data, policy, ctx, resume)
     if resume.checkpoint is not None:
@@ -135,6 +190,8 @@ def train(plan, run_dir: Path, data, policy: Policy, resume: ResumePoint) -> Tra
     finally:  # also on failure: the next job of a sweep (same process) must not inherit open loggers
         close_loggers(trainer, ctx, env_before, failed=failed)
     dist.barrier()  # every rank's ledger and trace are closed (fsynced) before rank 0 reads them
+    if clock is not None:
+        clock.lap("train")
     return Trained(trainer=trainer, ctx=ctx, train_out=train_out, evals=evals)
 
 

@@ -243,3 +243,34 @@ def test_ledger_tokens_are_what_trl_trained_on(out, monkeypatch, extra):
     for step, mean in lengths.items():
         rows = [r["tokens"] for r in ledger if r["step"] == step - 1]
         assert mean == pytest.approx(sum(rows) / len(rows)), step
+
+
+@pytest.mark.parametrize("arm", ["grpo", "evi_po"])
+def test_speed_knobs_change_nothing(out, arm):
+    """model.image_cache_mb and model.gradient_checkpointing are speed knobs (not in the semantic identity): with
+    the cache off, or with activations recomputed in the backward pass, three steps sample the same completions,
+    score them the same, log the same losses and end at the same weights. evi_po re-scores under the cached
+    MISSING/CONTROL images. The run dir is the same for all three (same semantic identity), so each is removed
+    after it is read."""
+    import shutil
+
+    seen = {}
+    for name, knob in (("default", ()), ("no cache", ("model.image_cache_mb=0",)),
+                       ("checkpointing", ("model.gradient_checkpointing=true",))):
+        d = run(out, f"arm={arm}", "budget.max_steps=3", "train.save_steps=3", "train.logging_steps=1", *knob)
+        comp = json.loads((d / "completion.json").read_text())
+        seen[name] = (sampled(d), metrics(d), weights(d), comp["image_cache"])
+        shutil.rmtree(d)
+    ref_samples, ref_metrics, ref_weights, cache = seen["default"]
+    assert cache["hits"] > cache["misses"] > 0, cache  # the cache was on and answered most calls
+    assert seen["no cache"][3] is None
+    assert len({t[0] for _, t in ref_samples}) > 1  # reward differences: the update is not zero
+    keys = [k for k in ref_metrics[1] if k.startswith("loss") or k in ("grad_norm", "reward")]
+    for name in ("no cache", "checkpointing"):
+        samples, m, w, _ = seen[name]
+        assert samples == ref_samples, f"{name}: other completions or rewards"
+        for step in ref_metrics:
+            for k in keys:
+                assert m[step][k] == pytest.approx(ref_metrics[step][k], rel=1e-6, abs=1e-8), (name, step, k)
+        worst = max((w[k] - ref_weights[k]).abs().max().item() for k in ref_weights)
+        assert worst <= 1e-6, f"{name}: weights differ by up to {worst:.3g}"

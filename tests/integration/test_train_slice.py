@@ -295,3 +295,54 @@ def test_direction_scores_match_an_unbatched_computation(grpo_run):
             logp = torch.log_softmax(logits[P - 1:P - 1 + n], -1).gather(-1, torch.tensor(cont[:n])[:, None])
             assert abs(float(logp.mean()) - scores[c]) < 1e-4, (row["group_id"], c)
         assert target == json.loads(view_links(root, row, links))["target_index"]
+
+
+def test_eval_before_is_the_warm_starts_final_eval_reused_and_equals_a_recomputation(grpo_run):
+    """The GRPO run's init is the SFT warm start's final policy, which the SFT run has just evaluated with the
+    same settings: its eval is reused (recorded as such, with the weights digest), and it is what evaluating
+    those weights again gives (eval CLI --force on the warm start)."""
+    _, run, proc = grpo_run
+    comp = json.loads((run / "completion.json").read_text())
+    parent = Path(comp["parent"]["run_dir"])
+    reused = json.loads((run / "eval" / "test-before.json").read_text())
+    assert reused["reused_from"]["artifact"] == str(parent / "eval" / "test.json")
+    assert reused["policy_sha256"] == reused["reused_from"]["policy_sha256"] == comp["eval_before"]["policy_sha256"]
+    assert comp["eval_before"]["reused_from"] == reused["reused_from"]
+    assert reused["label"] == "before" and reused["identity"]["semantic_sha256"] == comp["identity"]["semantic_sha256"]
+    assert (run / "eval/test-before.predictions.jsonl").read_bytes() == \
+        (parent / "eval/test.predictions.jsonl").read_bytes()
+    assert "(the SFT warm start's final eval of the same weights" in proc.stderr
+    again = run_harness(str(parent), "--force", module="harness.eval", timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    fresh = json.loads((parent / "eval" / "test.json").read_text())
+    keys = ("n", "accuracy", "abstention_rate", "format_valid", "direction_accuracy", "per_relation", "policy_sha256")
+    assert {k: fresh[k] for k in keys} == {k: reused[k] for k in keys}
+    assert verify(run) == [] and verify(parent) == []
+
+
+def test_completion_records_phase_times_and_the_summary_shows_them(grpo_run):
+    _, run, proc = grpo_run
+    comp = json.loads((run / "completion.json").read_text())
+    phases = comp["phases_s"]
+    assert list(phases) == ["parent", "data", "model", "eval_before", "train", "eval_after", "finalize"]
+    assert all(v >= 0 for v in phases.values()) and phases["parent"] > 0 and phases["train"] > 0
+    assert sum(phases.values()) - phases["parent"] <= comp["wall_time_s"] + 0.5
+    assert "phases (s): parent" in proc.stderr and "eval before 0.0 (reused)" in proc.stderr
+    assert comp["image_cache"]["hits"] > 0
+
+
+def test_eval_before_is_recomputed_when_the_warm_start_was_evaluated_otherwise(tmp_path):
+    """The SFT warm start was evaluated with another batch size (a setting that changes the padding, so not the
+    same evaluation; not semantic, so the same warm start): the next GRPO run evaluates its init itself."""
+    import shutil
+
+    first = run_harness("debug=tiny", "budget.max_steps=2", "train.eval_batch_size=16", f"output_root={tmp_path}",
+                        timeout=600)
+    assert first.returncode == 0, first.stderr[-3000:]
+    shutil.rmtree(_run_dir(tmp_path, "grpo"))
+    proc = run_harness("debug=tiny", "budget.max_steps=2", f"output_root={tmp_path}", timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "init=sft: running the SFT warm start first" not in proc.stderr  # complete since the first run
+    assert "the SFT warm start's eval differs in decoding; evaluating" in proc.stderr
+    before = json.loads((_run_dir(tmp_path, "grpo") / "eval" / "test-before.json").read_text())
+    assert "reused_from" not in before and before["decoding"]["batch_size"] == 64
