@@ -14,7 +14,9 @@ binds, eval off), from the same SFT warm start, in one process, alternating orde
 A trial's time is its whole run: model load, trainer build, training, checkpoints and the final save; the
 harness adds claim, data check, ledger, trace, metrics, checkpoint manifests and completion.json. Every trial
 must sample the same completion lengths as the others (checked: the same work). Prints per-round times,
-medians and spreads, then `defaults_ratio=<harness* / bare*>` and last `ratio=<harness / bare>`.
+medians and spreads, the per-round paired ratios, then `defaults_ratio=<harness* / bare*>` and last
+`ratio=<harness / bare>`: each the median over rounds of the ratio of the two trials of a round (they ran
+back to back; this machine's speed drifts by tens of percent over minutes, which the walls' spreads show).
 Goals (issue 15): ratio <= 1.02, defaults_ratio <= 0.75. --quick: 20 steps x 3 rounds (~3 minutes).
 """
 
@@ -80,10 +82,15 @@ def main() -> None:
         print(f"{k:9} {med[k]:9.2f} s {common.spread(walls):6.1%} {train:11.2f} s {train / steps:7.3f} s  {same[k]}")
     if not all(same.values()):
         print("WARNING: the trials sampled different completions: they did different work")
-    per_round = [results["harness"][i].wall_s / results["bare"][i].wall_s for i in range(rounds)]
-    print("per-round harness/bare: " + ", ".join(f"{x:.3f}" for x in per_round))
-    print(f"defaults_ratio={med['harness*'] / med['bare*']:.3f}")
-    print(f"ratio={med['harness'] / med['bare']:.3f}")
+    # This machine's speed drifts by tens of percent over minutes (the walls' spreads): the ratios are taken
+    # within a round, where the two trials ran back to back, and their median over the rounds is reported.
+    paired = {}
+    for a, b in (("harness", "bare"), ("harness*", "bare*")):
+        paired[a] = [results[a][i].wall_s / results[b][i].wall_s for i in range(rounds)]
+        print(f"per-round {a}/{b}: " + ", ".join(f"{x:.3f}" for x in paired[a])
+              + f"  (spread {common.spread(paired[a]):.1%}; ratio of the medians {med[a] / med[b]:.3f})")
+    print(f"defaults_ratio={statistics.median(paired['harness*']):.3f}")
+    print(f"ratio={statistics.median(paired['harness']):.3f}")
 
 
 if __name__ == "__main__":

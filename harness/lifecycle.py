@@ -115,6 +115,7 @@ def execute_one(plan: Plan, parent_s: float = 0.0) -> int:
 def run_stages(plan: Plan, run: RunDir, parent_s: float = 0.0) -> dict | None:
     """data -> policy -> resume point -> train -> finalize; completion.json's content on rank 0, with the
     seconds of each phase (`phases_s`: the next regression is visible in every run)."""
+    clock = Phases(parent=parent_s)
     from harness.log import quiet_libraries
     from harness.stages import data as data_stage
     from harness.stages import policy as policy_stage
@@ -124,8 +125,8 @@ def run_stages(plan: Plan, run: RunDir, parent_s: float = 0.0) -> dict | None:
     from harness.trainsets import corpus
 
     started = time.time()
-    clock = Phases(parent=parent_s)
     quiet_libraries()
+    clock.lap("imports")  # torch, transformers and TRL: paid by the first run of a process
     data = dist.main_first(data_stage.prepare, plan.config, run.manifest["identity"]["data"], run_dir=str(run.path),
                            fix="restore the dataset, or start a new run (another output_root)")  # rank 0 builds caches
     run.update(identity={"data": {"content_sha256": data.content_sha256, "root": str(data.root)}})
@@ -153,7 +154,7 @@ def run_stages(plan: Plan, run: RunDir, parent_s: float = 0.0) -> dict | None:
 class Phases:
     """Wall seconds per phase of a run, in order: `lap(name)` closes the phase that ends now."""
 
-    ORDER = ("parent", "data", "model", "eval_before", "train", "eval_after", "finalize")
+    ORDER = ("parent", "imports", "data", "model", "eval_before", "train", "eval_after", "finalize")
 
     def __init__(self, parent: float = 0.0):
         self.seconds = {"parent": round(parent, 3)}

@@ -82,7 +82,8 @@ class ModelConfig:
         True, "recompute activations in the backward pass (less memory, ~20% more compute); the same gradients "
         "either way. TRL's default; off in the tiny models' options", semantic=False)
     image_cache_mb: int = f(
-        64, "LRU of preprocessed images per image digest (rollouts, re-scoring, eval); the same tensors as "
+        16, "LRU of preprocessed images per image digest (rollouts, re-scoring, eval; 16 MB holds ~200 "
+        "56x56 images, many steps of the tiny job); the same tensors as "
         "without it; 0 = off", semantic=False, ge=0)
     cache_dir: str = f("${output_root}/cache/models", "where built tiny models are cached", semantic=False)
     tiny: Optional[TinySpec] = f(None, "build parameters when source=tiny")
