@@ -90,10 +90,12 @@ class Plan:
 
 
 def build_plan(cfg: DictConfig | Config, choices: Mapping[str, Any] | None = None,
-               overrides: list[str] | None = None) -> Plan:
+               overrides: list[str] | None = None, *, process_identity: dict | None = None) -> Plan:
     """The checked plan of a composed config. `overrides` are the command line it was composed from: an RL
     arm with arm.init=sft derives its parent (the SFT warm start) from them; without them (a config built
-    in code) the plan has no parent, and the lifecycle refuses to train it with arm.init=sft."""
+    in code) the plan has no parent, and the lifecycle refuses to train it with arm.init=sft.
+    `process_identity`: the code and environment identity already read for this plan's child (the parent
+    is planned in the same process, a moment later: the same git state and packages)."""
     typed = _to_typed(cfg)
     findings = run_checks(typed)
     if findings.problems:
@@ -110,11 +112,11 @@ def build_plan(cfg: DictConfig | Config, choices: Mapping[str, Any] | None = Non
         "non_semantic_fields": non_semantic,
         "data": planned_data_identity(typed),
         "model": planned_model_identity(typed),
-        "code": ident.code_identity(),
-        "environment": ident.environment_identity(),
+        **(process_identity or {"code": ident.code_identity(), "environment": ident.environment_identity()}),
     }
     kind = registry()[typed.arm.name].kind
-    parent = sft_parent(typed, overrides) if overrides is not None else None
+    shared = {k: identity[k] for k in ("code", "environment")}
+    parent = sft_parent(typed, overrides, shared) if overrides is not None else None
     return Plan(
         kind=kind,
         parent=parent,
@@ -130,7 +132,7 @@ def build_plan(cfg: DictConfig | Config, choices: Mapping[str, Any] | None = Non
     )
 
 
-def sft_parent(cfg: Config, overrides: list[str]) -> Plan | None:
+def sft_parent(cfg: Config, overrides: list[str], process_identity: dict | None = None) -> Plan | None:
     """The plan of the SFT warm start of an RL plan with arm.init=sft: the same command line (model, data,
     seed, ...) with arm=sft, capped by budget.sft_warm_start_steps; None for every other plan."""
     if not registry()[cfg.arm.name].rl or cfg.arm.init != "sft":
@@ -148,7 +150,7 @@ def sft_parent(cfg: Config, overrides: list[str]) -> Plan | None:
     steps = cfg.budget.sft_warm_start_steps
     argv = [*keep, "arm=sft", f"budget.max_steps={steps}", f"train.save_steps={steps}"]
     try:
-        return build_plan(*compose(argv), argv)
+        return build_plan(*compose(argv), argv, process_identity=process_identity)
     except ConfigError as exc:  # say whose problem it is: the command line is the child's
         where = lambda p: (" in conf/arm/sft.yaml (the warm start's arm.* come from there, not from this command "  # noqa: E731
                            "line)") if p.field.startswith("arm.") else ""

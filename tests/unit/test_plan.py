@@ -237,6 +237,20 @@ def test_the_sft_warm_start_keeps_the_model_and_data_overrides(tmp_path):
     assert parent.config["budget"]["max_steps"] == child.config["budget"]["sft_warm_start_steps"]
 
 
+def test_the_warm_start_is_planned_with_the_childs_process_identity_and_equals_planning_it_alone(tmp_path):
+    """The parent reuses the code and environment identity read for the child (the same process, a moment
+    later) instead of reading git and the packages again; its identity is what planning it alone gives."""
+    from harness import identity as ident
+    from harness.cli import compose_plan
+
+    child = compose_plan([f"output_root={tmp_path}", "debug=tiny"])
+    parent = child.parent
+    alone = compose_plan(parent.overrides)
+    assert parent.identity["code"] == child.identity["code"] == ident.code_identity()
+    assert parent.identity["environment"] == child.identity["environment"] == ident.environment_identity()
+    assert parent.identity == alone.identity and parent.run_name == alone.run_name
+
+
 def test_a_problem_of_the_sft_parent_is_refused_at_plan_time_and_named_as_the_parents(tmp_path):
     """The warm start is planned with the child: a parent that cannot run is refused before anything is written
     (it used to surface at train time, after the child's run dir was claimed), and says it is the parent's."""
