@@ -26,12 +26,6 @@ def quiet() -> None:
     logging.getLogger("harness").setLevel(logging.WARNING)
 
 
-def compose(overrides: list[str]):
-    from harness.cli import compose_plan
-
-    return compose_plan(overrides)
-
-
 @dataclass
 class Trial:
     kind: str
@@ -39,11 +33,6 @@ class Trial:
     train_s: float  # Trainer.train alone
     steps: int
     tokens: list[int] = field(default_factory=list)  # sampled tokens per completion, in order
-    phases: dict = field(default_factory=dict)
-
-    @property
-    def per_step(self) -> float:
-        return self.train_s / max(self.steps, 1)
 
 
 def harness_trial(plan, kind: str = "harness") -> Trial:
@@ -59,7 +48,7 @@ def harness_trial(plan, kind: str = "harness") -> Trial:
     comp = json.loads((run_dir / "completion.json").read_text())
     tokens = [r["tokens"] for r in read_rows(run_dir / "ledgers/rank-0.jsonl")] if plan.rl else []
     shutil.rmtree(run_dir)
-    return Trial(kind, wall, comp["train_runtime_s"], comp["optimizer_steps"], tokens, comp.get("phases_s") or {})
+    return Trial(kind, wall, comp["train_runtime_s"], comp["optimizer_steps"], tokens)
 
 
 def bare_trial(plan, *, steps: int, trl_defaults: bool, scratch: Path, kind: str = "bare") -> Trial:

@@ -36,8 +36,10 @@ def _bare_child(root: str, steps: int, overrides: list[str]) -> None:
     sys.path.insert(0, str(HERE))
     import common
 
+    from harness.cli import compose_plan
+
     common.quiet()
-    plan = common.compose([f"output_root={root}", *overrides])
+    plan = compose_plan([f"output_root={root}", *overrides])
     t = common.bare_trial(plan, steps=steps, trl_defaults=True, scratch=Path(root) / "bare")
     print(json.dumps({"train_s": t.train_s, "steps": t.steps, "tokens": sum(t.tokens)}))
 

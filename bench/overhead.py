@@ -44,6 +44,7 @@ def main() -> None:
     steps, rounds = (20, 3) if args.quick else (args.steps, args.rounds)
 
     import common
+    from harness.cli import compose_plan
 
     common.quiet()
     with tempfile.TemporaryDirectory(prefix="bench-overhead-") as tmp:
@@ -51,11 +52,11 @@ def main() -> None:
         head = ["arm=grpo", f"output_root={root}", "train.eval_before=false", "train.eval_after=false",
                 "budget.max_completion_tokens=100000000"]
         base = [*head, f"budget.max_steps={steps}", *args.overrides]
-        plans = {"harness": common.compose([*base, "model.image_cache_mb=0"]), "harness*": common.compose(base)}
+        plans = {"harness": compose_plan([*base, "model.image_cache_mb=0"]), "harness*": compose_plan(base)}
         from harness.lifecycle import run_parent
 
         run_parent(plans["harness*"].parent)  # the SFT warm start, once (not timed)
-        warm = common.compose([*head, "budget.max_steps=2", *args.overrides])
+        warm = compose_plan([*head, "budget.max_steps=2", *args.overrides])
         common.harness_trial(warm)  # first-use costs (imports, allocator, kernels) are nobody's: not timed
         common.bare_trial(warm, steps=2, trl_defaults=True, scratch=Path(tmp) / "scratch")
         results: dict[str, list] = {k: [] for k in KINDS}

@@ -220,7 +220,7 @@ def _summary(plan: Plan, comp: dict) -> None:
             lines.append(f"    {rel:<11} accuracy {bs} -> {a['accuracy']:.3f}{extra}")
     phases = comp.get("phases_s")
     if phases:
-        reused = " (reused)" if (before.get("reused_from") and phases.get("eval_before", 0) < 1) else ""
+        reused = " (reused)" if before.get("reused_from") else ""
         lines.append("  phases (s): " + ", ".join(
             f"{k.replace('_', ' ')} {v:.1f}{reused if k == 'eval_before' else ''}" for k, v in phases.items())
             + f"; total {sum(phases.values()):.1f}")

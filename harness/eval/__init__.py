@@ -15,6 +15,12 @@ def artifact_path(run_dir: str | Path, split: str, label: str) -> Path:
     return Path(run_dir) / "eval" / f"{artifact_name(split, label)}.json"
 
 
+def decoding(max_new_tokens: int, batch_size: int) -> dict:
+    """An eval artifact's `decoding`: greedy, and the settings that change its completions (the batch size
+    through padding)."""
+    return {"greedy": True, "max_new_tokens": max_new_tokens, "batch_size": batch_size}
+
+
 #: What must be equal for an eval artifact to stand for another evaluation of the same weights: the
 #: weights (digest), the rows (data digest, split, max_items), the decoding (greedy, max_new_tokens, batch
 #: size: padding changes a batch's numerics), the scoring (reward weights) and the code.

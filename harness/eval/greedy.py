@@ -17,7 +17,7 @@ from pathlib import Path
 
 from harness.answers import prompt_text
 from harness.data import RELATIONS, row_key
-from harness.eval import artifact_path
+from harness.eval import artifact_path, decoding
 from harness.rewards import cut_at_eos, score
 from harness.rundir import atomic_write_bytes, atomic_write_json, now
 
@@ -213,7 +213,7 @@ def run_eval(model, processor, root: Path, rows: list[dict], *, plan, run_dir: P
         "split": split,
         "label": label,
         "policy": policy,
-        "decoding": {"greedy": True, "max_new_tokens": max_new_tokens, "batch_size": batch_size},
+        "decoding": decoding(max_new_tokens, batch_size),
         "created_at": now(),
         "wall_s": round(time.time() - t0, 3),
         "run_name": plan.run_name,

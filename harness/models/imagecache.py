@@ -3,8 +3,8 @@
 Why: a GRPO step hands each prompt's image to the processor once per completion (TRL repeats the prompt
 G times) and twice per generation batch (TRL's prompt tokenization, then its scoring inputs); evi_po
 re-scores under the same MISSING/CONTROL images, and the direction metric of the eval repeats an image
-per candidate. Measured on the tiny VLM: 64 preprocessings of 4 distinct images per step, ~10% of the
-step.
+per candidate. Measured on the tiny VLM: 64 preprocessings of 4 distinct images per step (32 rows, two
+calls), 11 ms per call, ~5% of a 0.36 s step (cProfile, 20 steps).
 
 `install(processor, max_mb)` puts a `CachedImageProcessor` in front of the processor's image processor.
 It answers a call image by image from an LRU keyed by (image digest, call arguments): the digest is
@@ -144,12 +144,11 @@ class CachedImageProcessor:
             return None
         if tuple(grid.shape) != (n, 3):
             return None
-        sizes = [int(a) * int(b) * int(c) for a, b, c in grid.tolist()]
-        if sum(sizes) != pv.shape[0]:
+        starts = np.cumsum([0, *grid.prod(-1).tolist()]).tolist()  # patches per image: t * h * w
+        if starts[-1] != pv.shape[0]:
             return None
-        starts = np.cumsum([0, *sizes]).tolist()
-        return [(pv[a:b].clone() if torch.is_tensor(pv) else pv[a:b].copy(), grid[i].clone()
-                 if torch.is_tensor(grid) else grid[i].copy()) for i, (a, b) in enumerate(zip(starts, starts[1:]))]
+        copy_ = (lambda x: x.clone()) if torch.is_tensor(pv) else (lambda x: x.copy())
+        return [(copy_(pv[a:b]), copy_(grid[i])) for i, (a, b) in enumerate(zip(starts, starts[1:]))]
 
     def _put(self, key: bytes, piece) -> None:
         self._cache[key] = piece

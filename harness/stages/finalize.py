@@ -20,7 +20,7 @@ from harness.stages.train import Trained, eval_policy
 log = logging.getLogger("harness")
 
 
-def finalize(plan, run: RunDir, data, policy, trained: Trained, started: float, clock=None) -> dict | None:
+def finalize(plan, run: RunDir, data, policy, trained: Trained, started: float, clock) -> dict | None:
     """completion.json's content on rank 0 (written), None on the other ranks. `clock`
     (harness.lifecycle.Phases) gets the laps eval_after and finalize; its phases go into completion.json."""
     c, ctx, trainer = plan.config, trained.ctx, trained.trainer
@@ -31,13 +31,11 @@ def finalize(plan, run: RunDir, data, policy, trained: Trained, started: float, 
     if not dist.is_main():
         return None  # rank 0 evaluates and finalizes; no collective follows
     evals = dict(trained.evals)
-    if clock is not None:
-        clock.lap("finalize")  # the final save and the gather
+    clock.lap("finalize")  # the final save and the gather
     if c["train"]["eval_after"]:
         evals["after"] = eval_policy(plan, run.path, data, policy, label="final", policy_ref="final_policy",
                                      weights=run.path / "final_policy")
-    if clock is not None:
-        clock.lap("eval_after")
+    clock.lap("eval_after")
     before = artifact_path(run.path, c["data"]["eval_split"], "before")
     if "before" not in evals and before.is_file():  # a resumed run evaluated its init in an earlier process
         evals["before"] = read_json(before)
@@ -57,7 +55,7 @@ def _eval_summary(result: dict | None) -> dict | None:
 
 
 def write_completion(plan, run, *, ctx, trainer, train_out, evals: dict, wall_s: float, peak_rss_mb: float,
-                     ranks: list[dict], clock=None, image_cache: dict | None = None) -> dict:
+                     ranks: list[dict], clock, image_cache: dict | None = None) -> dict:
     """completion.json, written last by rank 0; `ranks`: every rank's own counters (gathered), which must
     match that rank's ledger. `phases_s` closes with the time it takes to write it (finalize)."""
     c = plan.config
@@ -103,9 +101,8 @@ def write_completion(plan, run, *, ctx, trainer, train_out, evals: dict, wall_s:
                    stopped_by=plan_lt["limit"], stopped_by_source="sft_prefix")
         if len(ranks) > 1:
             out["ranks"] = [{"rank": r["rank"], "trained_loss_tokens": r.get("trained_loss_tokens", 0)} for r in ranks]
-    if clock is not None:
-        clock.lap("finalize")
-        out["phases_s"] = clock.as_dict()
+    clock.lap("finalize")
+    out["phases_s"] = clock.as_dict()
     atomic_write_json(run.path / COMPLETION, out)
     return out
 

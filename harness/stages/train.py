@@ -92,11 +92,10 @@ def reuse_parent_eval(plan, run_dir: Path, data, policy: Policy) -> dict | None:
     """The parent's final eval as this run's eval before (written to eval/<split>-before.json with
     `reused_from`), when it scored the same weights (digest) with the same settings; else None."""
     import json
-    import shutil
 
-    from harness.eval import artifact_path, reuse_mismatches
+    from harness.eval import artifact_path, decoding, reuse_mismatches
     from harness.policy import weights_digest
-    from harness.rundir import atomic_write_json, now
+    from harness.rundir import atomic_write_bytes, atomic_write_json, now
 
     if policy.init.get("kind") != "sft":
         return None
@@ -107,8 +106,7 @@ def reuse_parent_eval(plan, run_dir: Path, data, policy: Policy) -> dict | None:
     except (OSError, ValueError):
         return None
     wanted = {**eval_settings(plan, data, weights_digest(policy.init["path"])), "split": c["data"]["eval_split"],
-              "decoding": {"greedy": True, "max_new_tokens": c["train"]["eval_max_new_tokens"],
-                           "batch_size": c["train"]["eval_batch_size"]},
+              "decoding": decoding(c["train"]["eval_max_new_tokens"], c["train"]["eval_batch_size"]),
               "code": plan.identity.get("code")}
     diffs = reuse_mismatches(stored, wanted)
     if diffs:
@@ -118,7 +116,7 @@ def reuse_parent_eval(plan, run_dir: Path, data, policy: Policy) -> dict | None:
     out.parent.mkdir(parents=True, exist_ok=True)
     preds = src.with_suffix(".predictions.jsonl")
     if preds.is_file():
-        shutil.copyfile(preds, out.with_suffix(".predictions.jsonl"))
+        atomic_write_bytes(out.with_suffix(".predictions.jsonl"), preds.read_bytes())
     res = {**stored, "label": "before", "policy": policy.init["path"], "run_name": plan.run_name,
            "identity": {k: plan.identity.get(k) for k in ("config_sha256", "semantic_sha256", "data", "model", "code")},
            "created_at": now(), "wall_s": 0.0,
@@ -164,12 +162,11 @@ def build(plan, run_dir: Path, data, policy: Policy, ctx: RunContext, resume: Re
     return trainer
 
 
-def train(plan, run_dir: Path, data, policy: Policy, resume: ResumePoint, clock=None) -> Trained:
+def train(plan, run_dir: Path, data, policy: Policy, resume: ResumePoint, clock) -> Trained:
     """`clock` (harness.lifecycle.Phases) gets the laps eval_before and train."""
     ctx = open_logs(plan, run_dir, resume)
     evals = eval_before(plan, run_dir, data, policy, resume)
-    if clock is not None:
-        clock.lap("eval_before")
+    clock.lap("eval_before")
     env_before = {k: os.environ.get(k) for k in LOGGER_ENV}
     trainer = build(plan, run_dir, data, policy, ctx, resume)
     if resume.checkpoint is not None:
@@ -190,8 +187,7 @@ def train(plan, run_dir: Path, data, policy: Policy, resume: ResumePoint, clock=
     finally:  # also on failure: the next job of a sweep (same process) must not inherit open loggers
         close_loggers(trainer, ctx, env_before, failed=failed)
     dist.barrier()  # every rank's ledger and trace are closed (fsynced) before rank 0 reads them
-    if clock is not None:
-        clock.lap("train")
+    clock.lap("train")
     return Trained(trainer=trainer, ctx=ctx, train_out=train_out, evals=evals)
 
 
