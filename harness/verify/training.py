@@ -111,6 +111,9 @@ def check_metrics(run_dir: Path, m: dict) -> list[str]:
 def check_evals(run_dir: Path, m: dict) -> list[str]:
     out = []
     ident = m.get("identity") or {}
+    # the run's own configs: as planned, and as resumed with non-semantic changes (a pause, another logger)
+    own = {"config_sha256": {ident.get("config_sha256"), *(r.get("config_sha256") for r in m.get("resumes", []))},
+           "semantic_sha256": {ident.get("semantic_sha256")}}
     for p in sorted((run_dir / "eval").glob("*.json")) if (run_dir / "eval").is_dir() else []:
         try:
             got = read_json(p).get("identity") or {}
@@ -118,7 +121,7 @@ def check_evals(run_dir: Path, m: dict) -> list[str]:
             out.append(f"eval/{p.name}: unreadable ({exc})")
             continue
         for key in ("config_sha256", "semantic_sha256"):
-            if got.get(key) != ident.get(key):
+            if got.get(key) not in own[key]:
                 out.append(f"eval/{p.name}: identity.{key} is not this run's (an artifact of another run?)")
     if m.get("status") != "completed" or not (run_dir / COMPLETION).is_file():
         return out
