@@ -37,6 +37,7 @@ class RunContext:
     round: GenerationRound | None = None  # RL arms: the generation round (harness.rounds)
     loss_tokens: int = 0  # SFT: loss-bearing tokens trained on (counted up front)
     stopped_by_budget: bool = False
+    halted: dict | None = None  # a planned stop after a step: {"status", "step", "signum"} (harness.halt)
     started: float = field(default_factory=time.time)
 
     @property
@@ -87,6 +88,44 @@ class BudgetCallback(TrainerCallback):
                 control.should_save = True  # the last step is a (permanent) checkpoint
                 log.info("budget: stopping after step %d: %d tokens used, the next step could need %d more "
                          "(share %d)", state.global_step, c.tokens_used, next_cost, c.token_share)
+        return control
+
+
+def _agreed_signal(signum: int) -> int:
+    """The signal any rank received (its number; 0 for none): every rank stops after the same step."""
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return signum
+    t = torch.tensor([signum], dtype=torch.int64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
+class HaltCallback(TrainerCallback):
+    """A planned stop (harness.halt): a signal received during training, or budget.stop_after_steps, ends
+    training after this step with a checkpoint, on every rank. It runs after BudgetCallback: a stop at the
+    step where training ends anyway publishes the final checkpoint (the next start only finalizes); a pause
+    there is no pause."""
+
+    def __init__(self, ctx: RunContext, halt, stop_after_steps: int | None):
+        self.ctx, self.halt, self.stop_after = ctx, halt, stop_after_steps
+
+    def on_step_end(self, args, state, control, **kwargs):
+        from harness.halt import signal_name
+
+        signum = _agreed_signal(self.halt.signum or 0)
+        step = state.global_step
+        ends = control.should_training_stop or step >= state.max_steps
+        paused = self.stop_after is not None and step >= self.stop_after and not ends
+        if not (signum or paused):
+            return control
+        self.ctx.halted = {"status": "interrupted" if signum else "paused", "step": step, "signum": signum or None}
+        control.should_save = True
+        control.should_training_stop = True
+        why = f"{signal_name(signum)} received" if signum else f"budget.stop_after_steps={self.stop_after}"
+        log.info("%s: stopping after step %d with a checkpoint", why, step)
         return control
 
 
@@ -190,7 +229,10 @@ class CheckpointCallback(TrainerCallback):
         everyone = dist.all_gather(mine)
         if not state.is_world_process_zero:
             return control
-        final = control.should_training_stop or step >= state.max_steps
+        # the run's final checkpoint (permanent): training ends here, by the budget, max_steps or TRL's own
+        # stop; a planned stop (a signal, a pause) before that end is a resumable checkpoint like the others
+        ends_here = self.ctx.stopped_by_budget or step >= state.max_steps
+        final = ends_here or (control.should_training_stop and self.ctx.halted is None)
         # counters of this rank's work add up over ranks; a TRL counter that TRL itself gathers over ranks
         # ("trl_" prefix) is the same on every rank: rank 0's value, not a sum
         totals = {k: mine["totals"][k] if k.startswith("trl_") else sum(e["totals"].get(k, 0) for e in everyone)

@@ -52,7 +52,11 @@ def run(cfg: DictConfig, choices: dict | None = None, overrides: list[str] | Non
 
 
 def run_plan(plan) -> int:
-    """Execute a checked plan: the smoke self-test, the driver of a multi-process job, or the lifecycle."""
+    """Execute a checked plan: the smoke self-test, the driver of a multi-process job, or the lifecycle.
+    First the directories it writes are created and probed (an unwritable one is a ConfigError, not a traceback)."""
+    from harness.rundir import check_writable_dirs
+
+    check_writable_dirs(_dirs(plan))
     if plan.config["run_mode"] == "smoke":
         from harness.smoke import smoke
 
@@ -64,6 +68,17 @@ def run_plan(plan) -> int:
     from harness.lifecycle import execute
 
     return execute(plan)
+
+
+def _dirs(plan) -> dict[str, str]:
+    """The directories a run writes: output_root (run dirs) and the caches (built data and tiny models)."""
+    c = plan.config
+    out = {"output_root": c["output_root"]}
+    if c["data"].get("cache_dir"):
+        out["data.cache_dir"] = c["data"]["cache_dir"]
+    if c["model"].get("cache_dir") and c["model"]["source"] == "tiny":
+        out["model.cache_dir"] = c["model"]["cache_dir"]
+    return out
 
 
 _FAILED_JOBS: list[int] = []  # filled by SweepCallback in the launching process
@@ -84,14 +99,16 @@ class SweepCallback(Callback):
                 jobs.append(json.loads(p.read_text()))
             except (OSError, ValueError) as exc:
                 jobs.append({"job": p.stem, "status": "unreadable", "error": str(exc)})
-        failed = [j.get("job") for j in jobs if j.get("status") != "completed"]
+        paused = [j.get("job") for j in jobs if j.get("status") == "paused"]  # budget.stop_after_steps: on purpose
+        failed = [j.get("job") for j in jobs if j.get("status") not in ("completed", "paused")]
         _FAILED_JOBS.extend(failed)
+        completed = len(jobs) - len(failed) - len(paused)
         atomic_write_json(sweep_dir / "sweep.json", {
             "finished_at": now(), "launcher": str(config.hydra.launcher.get("_target_", "")),
-            "jobs": len(jobs), "completed": len(jobs) - len(failed), "failed": failed,
+            "jobs": len(jobs), "completed": completed, "paused": paused, "failed": failed,
             "runs": [{k: j.get(k) for k in ("job", "status", "overrides", "run_dir", "exit_code")} for j in jobs]})
-        log.info("sweep: %d job(s), %d completed, %d failed; %s", len(jobs), len(jobs) - len(failed), len(failed),
-                 sweep_dir)
+        log.info("sweep: %d job(s), %d completed, %s%d failed; %s", len(jobs), completed,
+                 f"{len(paused)} paused, " if paused else "", len(failed), sweep_dir)
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
@@ -105,11 +122,13 @@ def _entry(cfg: DictConfig) -> None:
         if code:
             raise SystemExit(code)
         return
-    # A sweep job: a failure is recorded and the sweep goes on with the next job.
+    # A sweep job: a failure is recorded and the sweep goes on with the next job; a signal (harness.halt) ends
+    # the sweep after this job's checkpoint (the same sweep command continues: complete runs are skipped).
     record = {"job": hc.job.num, "overrides": overrides, "status": "failed", "exit_code": None, "error": None}
+    code = 0
     try:
         code = run(cfg, dict(hc.runtime.choices), overrides, multirun=True)
-        record.update(status="completed" if code == 0 else "failed", exit_code=code)
+        record.update(status="completed" if code == 0 else "interrupted" if code > 128 else "failed", exit_code=code)
     except Exception as exc:  # noqa: BLE001  (one failing job must not end the sweep)
         import traceback
 
@@ -118,6 +137,10 @@ def _entry(cfg: DictConfig) -> None:
         log.error("sweep job %s failed: %s: %s", hc.job.num, type(exc).__name__, exc)
     finally:
         _record_sweep_job(hc, record)
+    if code > 128:
+        log.warning("sweep: job %s was interrupted by a signal; the sweep stops here (exit %d). The same sweep "
+                    "command continues it.", hc.job.num, code)
+        raise SystemExit(code)
 
 
 def _record_sweep_job(hc, record: dict) -> None:
@@ -130,6 +153,12 @@ def _record_sweep_job(hc, record: dict) -> None:
         record["run_dir"] = _run_dir_of(record["overrides"])
     except Exception:  # noqa: BLE001  (a config that does not plan has no run dir)
         record["run_dir"] = None
+    if record["status"] == "completed" and record["run_dir"]:  # exit 0 is also a pause (budget.stop_after_steps)
+        try:
+            if json.loads((Path(record["run_dir"]) / "run_manifest.json").read_text()).get("status") == "paused":
+                record["status"] = "paused"
+        except (OSError, ValueError):
+            pass
     atomic_write_json(Path(hc.sweep.dir) / "jobs" / f"{record['job']}.json", record)
 
 

@@ -71,7 +71,8 @@ def launch(plan) -> int:
     env = {**os.environ, PLAN_ENV: str(plan_file), EXIT_ENV: str(exit_file)}
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, start_new_session=True)
     try:
-        code = proc.wait()
+        with _forwarding_signals(proc):  # SIGTERM / SIGINT: every rank stops after its step (harness.halt)
+            code = proc.wait()
         if code and exit_file.is_file():  # rank 0's own code is more precise than the launcher's 1 ...
             code = int(exit_file.read_text().strip() or 0) or code  # ... unless rank 0 succeeded and another failed
         return code
@@ -82,6 +83,34 @@ def launch(plan) -> int:
         except (ProcessLookupError, subprocess.TimeoutExpired):
             os.killpg(proc.pid, signal.SIGKILL)
         raise
+
+
+class _forwarding_signals:
+    """While the ranks run: a stop signal to this driver is passed on to their process group (their own session,
+    so a terminal's Ctrl-C reaches only this process), and the driver keeps waiting for their checkpoint.
+    torchrun's agent, in that group too, gives the ranks 30 s after it gets the signal before it kills them."""
+
+    def __init__(self, proc: subprocess.Popen):
+        self.proc, self.previous = proc, {}
+
+    def __enter__(self):
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self.previous[sig] = signal.signal(sig, self._forward)
+        return self
+
+    def __exit__(self, *exc):
+        for sig, prev in self.previous.items():
+            signal.signal(sig, prev)
+
+    def _forward(self, signum, frame):
+        log.warning("%s: passed on to the ranks; waiting for their checkpoint", signal.Signals(signum).name)
+        try:
+            os.killpg(self.proc.pid, signum)
+        except ProcessLookupError:
+            pass
 
 
 def report_exit(code: int) -> None:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from harness import dist
 from harness.errors import ConfigError, HarnessError, Problem, RunDirLocked
+from harness.halt import Halted, signal_name
 from harness.plan import Plan
 from harness.rundir import COMPLETION, MANIFEST, RunDir, claim, read_json
 
@@ -33,16 +34,18 @@ def execute(plan: Plan) -> int:
     t0 = time.perf_counter()
     ran_parent = plan.parent is not None and _status(plan.run_dir) != "completed"
     if ran_parent:
-        run_parent(plan.parent)
+        code = run_parent(plan.parent)
+        if code:  # the warm start was interrupted by a signal: so is this run (the same command continues both)
+            return code
     return execute_one(plan, parent_s=time.perf_counter() - t0 if ran_parent else 0.0)
 
 
-def run_parent(parent: Plan, poll_s: float = 2.0) -> None:
+def run_parent(parent: Plan, poll_s: float = 2.0) -> int:
     """Run a parent unless it is complete. Jobs of a parallel sweep (joblib) that share it wait for the one
-    that holds its lock instead of failing; a killed holder releases the lock by itself."""
+    that holds its lock instead of failing; a killed holder releases the lock by itself. Returns 0, or the
+    exit code of a parent interrupted by a signal (harness.halt); a failed parent raises."""
     if dist.is_multi():  # every rank takes part (rank 0 claims); a complete parent returns at once
-        _check(parent, execute(parent))
-        return
+        return _check(parent, execute(parent))
     waiting = False
     while _status(parent.run_dir) != "completed":
         try:
@@ -56,12 +59,17 @@ def run_parent(parent: Plan, poll_s: float = 2.0) -> None:
                 waiting = True
             time.sleep(poll_s)
             continue
-        _check(parent, code)
+        if _check(parent, code):
+            return code
+    return 0
 
 
-def _check(parent: Plan, code: int) -> None:
+def _check(parent: Plan, code: int) -> int:
+    if code > 128:  # 128 + a signal's number: interrupted with a checkpoint, not failed
+        return code
     if code:
         raise RuntimeError(f"the SFT warm start {parent.run_dir} failed (exit {code})")
+    return 0
 
 
 def execute_one(plan: Plan, parent_s: float = 0.0) -> int:
@@ -99,6 +107,8 @@ def execute_one(plan: Plan, parent_s: float = 0.0) -> int:
         _announce(plan, run)
         try:
             completion = run_stages(plan, run, parent_s=parent_s)
+        except Halted as halt:  # a planned stop: its checkpoint is published, the same command continues
+            return _halted(plan, run, halt)
         except BaseException as exc:
             rank = {"rank": dist.rank()} if dist.is_multi() else {}
             run.set_status("failed", error={"type": type(exc).__name__, "message": str(exc)[:2000],
@@ -110,6 +120,20 @@ def execute_one(plan: Plan, parent_s: float = 0.0) -> int:
     finally:
         if run is not None:
             run.release()
+
+
+def _halted(plan: Plan, run: RunDir, halt: Halted) -> int:
+    """Mark the run interrupted / paused (not failed), say how to continue; then a scheduler's own handler of
+    the signal (submitit: requeue the job) if there is one. The exit code: 128 + the signal, 0 for a pause."""
+    run.set_status(halt.status, event=halt.record(), halt=halt.record())
+    if dist.is_main():
+        how = f"by {signal_name(halt.signum)}" if halt.signum else "at budget.stop_after_steps"
+        rest = "" if halt.signum else " without budget.stop_after_steps"
+        log.info("run %s %s %s after step %d (%s published); exit %d. Run the same command%s to continue.",
+                 plan.run_name, halt.status, how, halt.step, halt.checkpoint, halt.exit_code, rest)
+    if halt.then is not None:
+        halt.then(halt.signum, None)
+    return halt.exit_code
 
 
 def run_stages(plan: Plan, run: RunDir, parent_s: float = 0.0) -> dict | None:

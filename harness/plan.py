@@ -143,7 +143,9 @@ def sft_parent(cfg: Config, overrides: list[str], process_identity: dict | None 
         key = override.lstrip("+~").split("=", 1)[0]
         # train.save_steps is not semantic: a warm start of a few seconds needs only its final checkpoint;
         # SFT samples nothing, so the child's rollout (e.g. vLLM) is not the parent's
-        return (key in ("arm", "mode", "run_mode", "budget.max_steps", "train.save_steps", "rollout")
+        # budget.stop_after_steps pauses the run itself, not its warm start
+        return (key in ("arm", "mode", "run_mode", "budget.max_steps", "budget.stop_after_steps", "train.save_steps",
+                        "rollout")
                 or key.startswith(("arm.", "rollout.")))
 
     keep = [o for o in overrides if not dropped(o)]  # by key: `model=...` is kept (it starts with "mode")

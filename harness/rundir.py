@@ -2,7 +2,8 @@
 
     ${output_root}/runs/<run_name>/
         run.lock            fcntl lock + the holder's pid/host (the kernel releases it if the holder dies)
-        run_manifest.json   plan, identity, status (planned -> running -> completed | failed), events
+        run_manifest.json   plan, identity, status (planned -> running -> completed | failed | interrupted | paused),
+                            events
 
 `claim(plan)` applies the resume policy:
     auto  - continue an existing run dir of the same identity (refuse another identity, with a diff)
@@ -33,7 +34,7 @@ def completion_kind(completion: dict) -> str:
     """The arm's kind a completion.json records (sft | rl); older ones by their budget fields."""
     return completion.get("kind") or ("rl" if "completion_token_ceiling" in completion else "sft")
 LOCK = "run.lock"
-STATUSES = ("planned", "running", "completed", "failed")
+STATUSES = ("planned", "running", "completed", "failed", "interrupted", "paused")  # the last two: harness.halt
 MANIFEST_VERSION = 1
 
 
@@ -112,13 +113,17 @@ class RunDir:
     def manifest_path(self) -> Path:
         return self.path / MANIFEST
 
-    def set_status(self, status: str, **extra: Any) -> None:
+    def set_status(self, status: str, event: dict | None = None, **extra: Any) -> None:
+        """`event`: fields of this status event (e.g. a planned stop's signal and step); `extra`: top-level fields.
+        A planned stop's `halt` record is kept while the run is interrupted or paused, not after."""
         if status not in STATUSES:
             raise ValueError(f"unknown run status {status!r}; expected one of {STATUSES}")
         self.manifest["status"] = status
         self.manifest["updated_at"] = now()
+        if status not in ("interrupted", "paused"):
+            self.manifest.pop("halt", None)
         self.manifest.update(extra)
-        self.manifest["events"].append({"status": status, "at": now(), **holder_info()})
+        self.manifest["events"].append({"status": status, "at": now(), **(event or {}), **holder_info()})
         if self.writer:
             atomic_write_json(self.manifest_path, self.manifest)
 
@@ -143,6 +148,27 @@ class RunDir:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+def check_writable_dirs(dirs: dict[str, str]) -> None:
+    """Every {field: directory} exists or is created now, and takes a file, checked before any work: a
+    ConfigError naming the field, its value and the OS's reason instead of a traceback mid-run."""
+    from harness.errors import ConfigError, Problem
+
+    problems = []
+    for key, value in dirs.items():
+        path = Path(value).expanduser()
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            fd, probe = tempfile.mkstemp(prefix=".harness-write-probe-", dir=path)
+            os.close(fd)
+            os.unlink(probe)
+        except OSError as exc:
+            where = f" ({exc.filename})" if exc.filename and str(exc.filename) != str(path) else ""
+            problems.append(Problem(key, value, f"cannot be written: {exc.strerror or exc}{where}",
+                                    f"set {key} to a directory you can write (it is created when missing)"))
+    if problems:
+        raise ConfigError(problems)
 
 
 def acquire_lock(run_dir: Path) -> int:

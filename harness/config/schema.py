@@ -171,6 +171,7 @@ class BudgetConfig:
     max_loss_tokens: int = f(MISSING, "SFT: loss-bearing tokens a run may train on (longest prefix of one epoch that fits)", ge=1)
     max_steps: int = f(MISSING, "optimizer steps at most: a safety cap above the token budget (set it so the budget binds, or a comparison is bound by steps)", ge=1)
     sft_warm_start_steps: int = f(150, "RL arms with arm.init=sft: optimizer steps of the SFT warm start (capped by steps, not seconds)", ge=1)
+    stop_after_steps: Optional[int] = f(None, "pause: stop after this optimizer step with a checkpoint (status paused, exit 0); the same command without it continues to the planned end", semantic=False, ge=1)
 
 
 @dataclass

@@ -15,7 +15,9 @@ from arms import build_trainer
 from arms.common import LOGGER_ENV, BuildContext, trainer_totals
 from harness import dist
 from harness.accounting.logs import METRICS_PATH, AppendLog, Frontier, ledger_path, trace_path
-from harness.callbacks import BudgetCallback, CheckpointCallback, MetricsCallback, QuietProgressCallback, RunContext
+from harness.callbacks import (BudgetCallback, CheckpointCallback, HaltCallback, MetricsCallback, QuietProgressCallback,
+                               RunContext)
+from harness.halt import Halt, Halted
 from harness.policy import Policy, device_of
 from harness.rewards import reward_config
 from harness.rounds import GenerationRound
@@ -128,8 +130,9 @@ def reuse_parent_eval(plan, run_dir: Path, data, policy: Policy) -> dict | None:
     return res
 
 
-def build(plan, run_dir: Path, data, policy: Policy, ctx: RunContext, resume: ResumePoint):
-    """The arm's trainer with the harness's callbacks, its counters restored on resume."""
+def build(plan, run_dir: Path, data, policy: Policy, ctx: RunContext, resume: ResumePoint, halt: Halt | None = None):
+    """The arm's trainer with the harness's callbacks, its counters restored on resume. `halt`: this process's
+    stop request (harness.halt), read after every step."""
     from transformers.trainer_callback import ProgressCallback
 
     from harness.smoke import install_kill_switch
@@ -146,7 +149,8 @@ def build(plan, run_dir: Path, data, policy: Policy, ctx: RunContext, resume: Re
     else:
         dataset, reward = sft_dataset(data.root, data.train_rows, is_vlm=is_vlm, seed=c["seed"]), None
     checkpoints = CheckpointCallback(ctx, keep_last=c["train"]["keep_last"])
-    callbacks = [BudgetCallback(ctx), MetricsCallback(ctx, console=c["logger"]["console"]), checkpoints]
+    callbacks = [BudgetCallback(ctx), HaltCallback(ctx, halt or Halt(), c["budget"]["stop_after_steps"]),
+                 MetricsCallback(ctx, console=c["logger"]["console"]), checkpoints]
     bctx = BuildContext(plan=plan, run_dir=run_dir, model=policy.model, processor=policy.processor,
                         train_dataset=dataset, callbacks=callbacks, reward_fn=reward,
                         suppress_token_ids=policy.suppress_token_ids, device=device_of(plan), world=ctx.world)
@@ -163,12 +167,15 @@ def build(plan, run_dir: Path, data, policy: Policy, ctx: RunContext, resume: Re
 
 
 def train(plan, run_dir: Path, data, policy: Policy, resume: ResumePoint, clock) -> Trained:
-    """`clock` (harness.lifecycle.Phases) gets the laps eval_before and train."""
+    """`clock` (harness.lifecycle.Phases) gets the laps eval_before and train. A planned stop (a signal during
+    training, budget.stop_after_steps) raises harness.halt.Halted once its checkpoint is published."""
+    already_paused(plan, resume)
     ctx = open_logs(plan, run_dir, resume)
     evals = eval_before(plan, run_dir, data, policy, resume)
     clock.lap("eval_before")
     env_before = {k: os.environ.get(k) for k in LOGGER_ENV}
-    trainer = build(plan, run_dir, data, policy, ctx, resume)
+    halt = Halt()
+    trainer = build(plan, run_dir, data, policy, ctx, resume, halt=halt)
     if resume.checkpoint is not None:
         from harness.audit import ResumeAuditCallback
 
@@ -182,13 +189,28 @@ def train(plan, run_dir: Path, data, policy: Policy, resume: ResumePoint, clock)
         if resume.permanent:
             train_out = finish_from_final_checkpoint(plan, trainer, policy.model, resume, ctx)
         else:
-            train_out = trainer.train(resume_from_checkpoint=str(resume.checkpoint) if resume.checkpoint else None)
+            with halt:  # SIGTERM / SIGINT (/ a scheduler's signal) stop after the current step
+                train_out = trainer.train(resume_from_checkpoint=str(resume.checkpoint) if resume.checkpoint else None)
         failed = False
     finally:  # also on failure: the next job of a sweep (same process) must not inherit open loggers
         close_loggers(trainer, ctx, env_before, failed=failed)
     dist.barrier()  # every rank's ledger and trace are closed (fsynced) before rank 0 reads them
     clock.lap("train")
+    if ctx.halted:
+        h = ctx.halted
+        raise Halted(h["status"], h["step"], f"checkpoint-{h['step']}", signum=h["signum"],
+                     then=halt.scheduler_handler())
     return Trained(trainer=trainer, ctx=ctx, train_out=train_out, evals=evals)
+
+
+def already_paused(plan, resume: ResumePoint) -> None:
+    """budget.stop_after_steps=N with a resumable checkpoint at step >= N: the run stays paused (nothing runs)."""
+    stop_after = plan.config["budget"]["stop_after_steps"]
+    step = resume.manifest.get("step") if resume.checkpoint is not None else None
+    if stop_after is not None and step is not None and step >= stop_after and not resume.permanent:
+        log.info("budget.stop_after_steps=%d: the run is at step %d already (%s); it stays paused. Run the same "
+                 "command without budget.stop_after_steps to continue.", stop_after, step, resume.checkpoint.name)
+        raise Halted("paused", step, resume.checkpoint.name)
 
 
 def finish_from_final_checkpoint(plan, trainer, model, resume: ResumePoint, ctx: RunContext):

@@ -170,3 +170,40 @@ def test_smoke_self_test_with_two_ranks(tmp_path):
                        timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "first launch (2 ranks) killed by SIGKILL" in proc.stderr and "smoke: passed" in proc.stderr
+
+
+@pytest.mark.slow
+def test_driver_form_sigterm_checkpoints_once_with_both_frontiers_and_resumes(tmp_path):
+    """SIGTERM to the driver of a 2-rank job (what SLURM sends on preemption): it passes the signal on, both ranks
+    finish the same step, one checkpoint is published with both ranks' frontiers, the run is `interrupted`, the
+    driver exits 143; the same command resumes from that checkpoint on both ranks and completes."""
+    from harness.accounting.checkpoint import CHECKPOINT_MANIFEST
+
+    out = tmp_path / "out"
+    args = ["placement=ddp", "placement.num_processes=2", "debug=tiny", "arm.init=scratch", f"output_root={out}"]
+    proc = subprocess.Popen([sys.executable, "-m", "harness", *args], cwd=REPO, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        for line in proc.stderr:
+            if "checkpoint 2 published" in line:
+                proc.send_signal(15)
+                break
+        err = proc.stderr.read()
+    finally:
+        proc.wait(timeout=300)
+    assert proc.returncode == 143, err[-4000:]
+    run = _run(out, "grpo")
+    m = json.loads((run / "run_manifest.json").read_text())
+    step = m["halt"]["step"]
+    assert m["status"] == "interrupted" and m["halt"]["signal"] == "SIGTERM" and step >= 3
+    published = sorted(p.name for p in (run / "checkpoints").glob("checkpoint-*"))
+    assert published == ["checkpoint-2", f"checkpoint-{step}"]  # once, at the step both ranks agreed on
+    ck = json.loads((run / "checkpoints" / f"checkpoint-{step}" / CHECKPOINT_MANIFEST).read_text())
+    assert set(ck["frontier"]) == {"rank-0", "rank-1"} and all("ledger" in f for f in ck["frontier"].values())
+    assert not (run / "completion.json").exists()
+    again = run_harness(*args, timeout=300)
+    assert again.returncode == 0, again.stderr[-4000:]
+    assert f"resuming from checkpoint-{step}" in again.stderr
+    for r in (0, 1):
+        assert json.loads((run / "audits" / f"resume-1-rank-{r}.json").read_text())["status"] == "passed"
+    check_two_rank_run(run)

@@ -1,0 +1,176 @@
+"""Planned stops (harness.halt): a pause at budget.stop_after_steps and a SIGTERM (twice) during training each
+publish a checkpoint, mark the run paused / interrupted (not failed), exit 0 / 143, and the same command then
+finishes a run identical to one that never stopped: ledger, trace, logged values and final weights, bit for bit.
+Also: the directories a run writes are checked before any work (an unwritable output_root is a ConfigError)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.accounting.checkpoint import CHECKPOINT_MANIFEST
+from harness.accounting.logs import read_rows
+from harness.verify import verify
+from tests.conftest import REPO, logged_values, run_harness
+
+ENV = {"OMP_NUM_THREADS": "1"}  # the same kernels in every run, so the continued run can match bit for bit
+ARGS = ["debug=tiny"]  # grpo from a 60-step warm start, ~8 steps, a checkpoint every 2
+
+
+def _grpo_dir(out: Path) -> Path:
+    (d,) = [p for p in (out / "runs").iterdir() if p.name.startswith("grpo-")]
+    return d
+
+
+def _manifest(run: Path) -> dict:
+    return json.loads((run / "run_manifest.json").read_text())
+
+
+def _aside(out: Path, run: Path, name: str) -> Path:
+    """Move a finished run dir out of the way (its name is its identity: kept) so the next one starts fresh."""
+    dst = out / name / run.name
+    dst.parent.mkdir()
+    shutil.move(str(run), dst)
+    return dst
+
+
+def _sigterm_twice_after(out: Path, checkpoint: int) -> tuple[int, str]:
+    """Run until checkpoint `checkpoint` is published, then SIGTERM, and a second SIGTERM 50 ms later."""
+    env = {**os.environ, **ENV}
+    env.pop("HYDRA_FULL_ERROR", None)
+    proc = subprocess.Popen([sys.executable, "-m", "harness", *ARGS, f"output_root={out}"], cwd=REPO, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    seen = []
+    try:
+        for line in proc.stderr:
+            seen.append(line)
+            if f"checkpoint {checkpoint} published" in line:
+                proc.send_signal(signal.SIGTERM)
+                time.sleep(0.05)
+                proc.send_signal(signal.SIGTERM)
+                break
+        seen.append(proc.stderr.read())
+    finally:
+        proc.wait(timeout=300)
+    return proc.returncode, "".join(seen)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    out = tmp_path_factory.mktemp("halt")
+    result = {"out": out}
+    # 1. paused at step 3, asked again (stays paused), then continued without the pause
+    first = run_harness(*ARGS, f"output_root={out}", "budget.stop_after_steps=3", timeout=600, env=ENV)
+    assert first.returncode == 0, first.stderr[-4000:]
+    run = _grpo_dir(out)
+    result["paused_manifest"] = _manifest(run)
+    result["paused_checkpoints"] = sorted(p.name for p in (run / "checkpoints").glob("checkpoint-*"))
+    result["paused_permanent"] = json.loads((run / "checkpoints/checkpoint-3" / CHECKPOINT_MANIFEST).read_text())[
+        "permanent"]
+    result["paused_completion"] = (run / "completion.json").exists()
+    result["paused_verify"] = verify(run)
+    again = run_harness(*ARGS, f"output_root={out}", "budget.stop_after_steps=3", timeout=600, env=ENV)
+    assert again.returncode == 0, again.stderr[-4000:]
+    result["again"] = again.stderr
+    result["again_checkpoints"] = sorted(p.name for p in (run / "checkpoints").glob("checkpoint-*"))
+    cont = run_harness(*ARGS, f"output_root={out}", timeout=600, env=ENV)
+    assert cont.returncode == 0, cont.stderr[-4000:]
+    result["paused_continue"] = cont.stderr
+    result["paused"] = _aside(out, run, "paused")
+    # 2. SIGTERM twice after checkpoint 2, then the same command
+    code, stderr = _sigterm_twice_after(out, 2)
+    run = _grpo_dir(out)
+    result.update(term_code=code, term_stderr=stderr, term_manifest=_manifest(run),
+                  term_completion=(run / "completion.json").exists(), term_verify=verify(run))
+    cont = run_harness(*ARGS, f"output_root={out}", timeout=600, env=ENV)
+    assert cont.returncode == 0, cont.stderr[-4000:]
+    result["term_continue"] = cont.stderr
+    result["interrupted"] = _aside(out, run, "interrupted")
+    # 3. the run that never stopped
+    straight = run_harness(*ARGS, f"output_root={out}", timeout=600, env=ENV)
+    assert straight.returncode == 0, straight.stderr[-4000:]
+    result["straight"] = _grpo_dir(out)
+    return result
+
+
+def test_a_pause_stops_after_its_step_with_a_resumable_checkpoint(runs):
+    m = runs["paused_manifest"]
+    assert m["status"] == "paused" and m["halt"] == {"status": "paused", "step": 3, "checkpoint": "checkpoint-3",
+                                                     "signal": None, "exit_code": 0}
+    assert m["events"][-1]["status"] == "paused" and m["events"][-1]["step"] == 3
+    assert runs["paused_checkpoints"] == ["checkpoint-2", "checkpoint-3"]
+    assert runs["paused_permanent"] is False  # not the run's final checkpoint: training goes on from it
+    assert not runs["paused_completion"] and runs["paused_verify"] == []
+    # asked again with the same pause: nothing trains, it stays paused
+    assert "it stays paused" in runs["again"] and runs["again_checkpoints"] == runs["paused_checkpoints"]
+    assert "resuming from checkpoint-3" in runs["paused_continue"]
+
+
+def test_sigterm_finishes_the_step_checkpoints_and_exits_143(runs):
+    assert runs["term_code"] == 128 + signal.SIGTERM, runs["term_stderr"][-3000:]
+    err = runs["term_stderr"]
+    assert "SIGTERM: finishing the current step" in err
+    assert "ignored until the checkpoint is published" in err  # the second signal did not cut the save short
+    m = runs["term_manifest"]
+    step = m["halt"]["step"]
+    assert m["status"] == "interrupted" and m["halt"]["signal"] == "SIGTERM" and m["halt"]["exit_code"] == 143
+    assert step >= 3 and f"checkpoint {step} published" in err  # the step after checkpoint 2 (or the one after)
+    assert not runs["term_completion"] and runs["term_verify"] == []
+    assert f"resuming from checkpoint-{step}" in runs["term_continue"]
+
+
+@pytest.mark.parametrize("stopped", ["paused", "interrupted"])
+def test_the_continued_run_equals_the_run_that_never_stopped(runs, stopped):
+    a, b = runs["straight"], runs[stopped]
+    assert _manifest(b)["status"] == "completed" and "halt" not in _manifest(b)
+    assert verify(b) == []
+    ids = lambda run: [(r["completion_id"], r["tokens"]) for r in read_rows(run / "ledgers/rank-0.jsonl")]  # noqa: E731
+    rewards = lambda run: [(r["completion_id"], r["reward"]) for r in read_rows(run / "traces/rank-0.jsonl")]  # noqa: E731
+    assert ids(b) == ids(a) and rewards(b) == rewards(a)
+    assert logged_values(b) == logged_values(a)
+    assert (b / "final_policy/model.safetensors").read_bytes() == (a / "final_policy/model.safetensors").read_bytes()
+    ca, cb = (json.loads((d / "completion.json").read_text()) for d in (a, b))
+    assert cb["optimizer_steps"] == ca["optimizer_steps"] and cb["stopped_by"] == ca["stopped_by"] == "budget"
+    audit = json.loads((b / "audits/resume-1-rank-0.json").read_text())
+    assert audit["status"] == "passed"
+
+
+def test_an_output_root_that_cannot_be_written_is_a_config_error(tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory")
+    proc = run_harness(*ARGS, f"output_root={blocker}/out", timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    assert f"output_root = '{blocker}/out': cannot be written: Not a directory" in proc.stderr
+    assert "fix: set output_root to a directory you can write" in proc.stderr
+    assert not list(tmp_path.glob("**/runs"))
+
+
+def test_sigterm_during_the_sft_warm_start_interrupts_it_and_the_same_command_finishes_both(tmp_path):
+    env = {**os.environ, **ENV}
+    env.pop("HYDRA_FULL_ERROR", None)
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "harness", *ARGS, f"output_root={out}"], cwd=REPO, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        for line in proc.stderr:
+            if "step 5/60" in line:  # the warm start's console line
+                proc.send_signal(signal.SIGTERM)
+                break
+        err = proc.stderr.read()
+    finally:
+        proc.wait(timeout=300)
+    assert proc.returncode == 143, err[-3000:]
+    (sft,) = (out / "runs").glob("sft-*")
+    assert _manifest(sft)["status"] == "interrupted" and not list((out / "runs").glob("grpo-*"))
+    again = run_harness(*ARGS, f"output_root={out}", timeout=600, env=ENV)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert _manifest(sft)["status"] == "completed" and _manifest(_grpo_dir(out))["status"] == "completed"
