@@ -7,6 +7,13 @@ Both commands run as subprocesses of this interpreter (the venv's python), alter
 captured and discarded. Prints both medians and last `ratio=<plan/import>`; goal <= 2.0 (planning costs about
 what importing Hydra costs: the control plane stays light).
 
+A third command is the floor under that ratio: importing Hydra, registering the harness's schemas and
+composing conf/config.yaml once with Hydra's compose API (no checks, no plan, no parent, no identity), printed as
+`compose_floor_ratio=<compose/import>`. Measured here: ~1.8, so mode=plan's own work (the second compose
+of the SFT warm start, the checks, the identity's git and package reads) has ~0.2 of the ratio left.
+The children run without PYTHONDONTWRITEBYTECODE (the warm-up writes the harness's bytecode, as it is
+for a user; Hydra's comes compiled from pip), so the comparison is not skewed by recompiling every module.
+
 It also runs the plan once more under a wrapper that prints, at exit (atexit: after the harness's own
 SystemExit), the imported modules of torch, transformers and trl; prints `torch_imported=False/True` and exits 1
 if torch was imported (the control plane must stay torch-free). This script imports no torch itself; threads
@@ -17,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -59,9 +67,18 @@ def torch_imported(modules: list[str]) -> bool:
     return any(m.split(".")[0].startswith("torch") for m in modules)
 
 
+# Hydra's own cost of composing this config once: the floor under mode=plan (argv[1:] are the overrides)
+COMPOSE = """
+import sys
+from harness.config.compose import compose
+compose(sys.argv[1:])
+"""
+ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+
+
 def _time(cmd: list[str]) -> float:
     t0 = time.perf_counter()
-    p = subprocess.run(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.run(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
     dt = time.perf_counter() - t0
     if p.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} exited {p.returncode}:\n{p.stderr[-2000:]}")
@@ -79,7 +96,8 @@ def main() -> None:
     py = sys.executable
     with tempfile.TemporaryDirectory(prefix="bench-plan-") as tmp:
         argv = plan_argv(tmp, args.overrides)
-        cmds = {"plan": [py, "-m", "harness", *argv], "import": [py, "-c", "import hydra, omegaconf"]}
+        cmds = {"plan": [py, "-m", "harness", *argv], "import": [py, "-c", "import hydra, omegaconf"],
+                "compose": [py, "-c", COMPOSE, *argv]}
         _time(cmds["plan"])  # warm-up: bytecode caches, page cache
         times = {k: [] for k in cmds}
         for _ in range(repeats):
@@ -90,11 +108,12 @@ def main() -> None:
     med = {k: statistics.median(v) for k, v in times.items()}
     print(f"{repeats} runs each, alternating (after one warm-up plan); python {py}")
     for k, cmd in cmds.items():
-        shown = " ".join(Path(c).name if i == 0 else c for i, c in enumerate(cmd))
+        shown = " ".join(Path(c).name if i == 0 else ("<compose once>" if c == COMPOSE else c) for i, c in enumerate(cmd))
         print(f"{k:7} median {med[k]:6.3f} s   runs " + " ".join(f"{t:.3f}" for t in times[k]) + f"   ({shown})")
     imported = torch_imported(heavy)
     print(f"heavy modules imported by mode=plan: {', '.join(heavy) if heavy else 'none'}")
     print(f"torch_imported={imported}")
+    print(f"compose_floor_ratio={med['compose'] / med['import']:.3f}")
     print(f"ratio={med['plan'] / med['import']:.3f}")
     if imported:
         sys.exit(1)
