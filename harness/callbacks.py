@@ -129,6 +129,25 @@ class HaltCallback(TrainerCallback):
         return control
 
 
+class WatchdogCallback(TrainerCallback):
+    """The hang watchdog (harness.diagnostics, train.hang_timeout_s): armed for training, re-armed by every step."""
+
+    def __init__(self, dumps):
+        self.dumps = dumps
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.dumps.arm()
+        return control
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.dumps.step_done()
+        return control
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self.dumps.disarm()
+        return control
+
+
 def console_line(step: int, max_steps: int, logs: dict, ctx: RunContext) -> str:
     # RL arms are budget-bound: max_steps is only a cap, so the token share below is the progress that counts
     parts = [f"step {step}" if ctx.rl else f"step {step}/{max_steps}"]

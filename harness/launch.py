@@ -88,7 +88,8 @@ def launch(plan) -> int:
 class _forwarding_signals:
     """While the ranks run: a stop signal to this driver is passed on to their process group (their own session,
     so a terminal's Ctrl-C reaches only this process), and the driver keeps waiting for their checkpoint.
-    torchrun's agent, in that group too, gives the ranks 30 s after it gets the signal before it kills them."""
+    torchrun's agent, in that group too, gives the ranks 30 s after it gets the signal before it kills them.
+    SIGUSR1 (dump the stacks, harness.diagnostics) goes to the ranks alone."""
 
     def __init__(self, proc: subprocess.Popen):
         self.proc, self.previous = proc, {}
@@ -99,11 +100,23 @@ class _forwarding_signals:
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
                 self.previous[sig] = signal.signal(sig, self._forward)
+            self.previous[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, self._dump_ranks)
         return self
 
     def __exit__(self, *exc):
         for sig, prev in self.previous.items():
             signal.signal(sig, prev)
+
+    def _dump_ranks(self, signum, frame):
+        """SIGUSR1: to the ranks only (each writes its stacks, harness.diagnostics); torchrun's agent would die of it."""
+        ranks = _children(self.proc.pid)
+        log.warning("SIGUSR1: passed on to the ranks (pids %s): stacks in <run_dir>/diagnostics/",
+                    ", ".join(map(str, ranks)) or "none found")
+        for pid in ranks:
+            try:
+                os.kill(pid, signal.SIGUSR1)
+            except ProcessLookupError:
+                pass
 
     def _forward(self, signum, frame):
         log.warning("%s: passed on to the ranks; waiting for their checkpoint", signal.Signals(signum).name)
@@ -111,6 +124,19 @@ class _forwarding_signals:
             os.killpg(self.proc.pid, signum)
         except ProcessLookupError:
             pass
+
+
+def _children(pid: int) -> list[int]:
+    """The child processes of `pid` (Linux /proc): under `accelerate launch`, its ranks."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == pid:  # after "pid (comm)": state, ppid, ...
+            out.append(int(stat.parent.name))
+    return sorted(out)
 
 
 def report_exit(code: int) -> None:

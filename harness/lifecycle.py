@@ -138,7 +138,15 @@ def _halted(plan: Plan, run: RunDir, halt: Halted) -> int:
 
 def run_stages(plan: Plan, run: RunDir, parent_s: float = 0.0) -> dict | None:
     """data -> policy -> resume point -> train -> finalize; completion.json's content on rank 0, with the
-    seconds of each phase (`phases_s`: the next regression is visible in every run)."""
+    seconds of each phase (`phases_s`: the next regression is visible in every run). Throughout, SIGUSR1
+    writes this rank's stacks to the run dir (harness.diagnostics)."""
+    from harness.diagnostics import StackDumps
+
+    with StackDumps(run.path, dist.rank(), plan.config["train"]["hang_timeout_s"]) as dumps:
+        return _stages(plan, run, parent_s, dumps)
+
+
+def _stages(plan: Plan, run: RunDir, parent_s: float, dumps) -> dict | None:
     clock = Phases(parent=parent_s)
     from harness.log import quiet_libraries
     from harness.stages import data as data_stage
@@ -168,7 +176,7 @@ def run_stages(plan: Plan, run: RunDir, parent_s: float = 0.0) -> dict | None:
     resume = dist.on_main(find, plan, run.path)  # one decision for all ranks
     if resume.skipped:
         run.update(skipped_checkpoints=[*run.manifest.get("skipped_checkpoints", []), *resume.skipped])
-    trained = train(plan, run.path, data, policy, resume, clock=clock)
+    trained = train(plan, run.path, data, policy, resume, clock=clock, dumps=dumps)
     completion = finalize(plan, run, data, policy, trained, started, clock=clock)
     if completion is not None:
         run.set_status("completed")

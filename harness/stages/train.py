@@ -16,7 +16,8 @@ from arms.common import LOGGER_ENV, BuildContext, trainer_totals
 from harness import dist
 from harness.accounting.logs import METRICS_PATH, AppendLog, Frontier, ledger_path, trace_path
 from harness.callbacks import (BudgetCallback, CheckpointCallback, HaltCallback, MetricsCallback, QuietProgressCallback,
-                               RunContext)
+                               RunContext, WatchdogCallback)
+from harness.diagnostics import StackDumps
 from harness.halt import Halt, Halted
 from harness.policy import Policy, device_of
 from harness.rewards import reward_config
@@ -130,9 +131,10 @@ def reuse_parent_eval(plan, run_dir: Path, data, policy: Policy) -> dict | None:
     return res
 
 
-def build(plan, run_dir: Path, data, policy: Policy, ctx: RunContext, resume: ResumePoint, halt: Halt | None = None):
+def build(plan, run_dir: Path, data, policy: Policy, ctx: RunContext, resume: ResumePoint, halt: Halt | None = None,
+          dumps: StackDumps | None = None):
     """The arm's trainer with the harness's callbacks, its counters restored on resume. `halt`: this process's
-    stop request (harness.halt), read after every step."""
+    stop request (harness.halt), read after every step; `dumps`: the stack dumps whose watchdog every step re-arms."""
     from transformers.trainer_callback import ProgressCallback
 
     from harness.smoke import install_kill_switch
@@ -151,6 +153,8 @@ def build(plan, run_dir: Path, data, policy: Policy, ctx: RunContext, resume: Re
     checkpoints = CheckpointCallback(ctx, keep_last=c["train"]["keep_last"])
     callbacks = [BudgetCallback(ctx), HaltCallback(ctx, halt or Halt(), c["budget"]["stop_after_steps"]),
                  MetricsCallback(ctx, console=c["logger"]["console"]), checkpoints]
+    if dumps is not None:
+        callbacks.append(WatchdogCallback(dumps))
     bctx = BuildContext(plan=plan, run_dir=run_dir, model=policy.model, processor=policy.processor,
                         train_dataset=dataset, callbacks=callbacks, reward_fn=reward,
                         suppress_token_ids=policy.suppress_token_ids, device=device_of(plan), world=ctx.world)
@@ -166,16 +170,18 @@ def build(plan, run_dir: Path, data, policy: Policy, ctx: RunContext, resume: Re
     return trainer
 
 
-def train(plan, run_dir: Path, data, policy: Policy, resume: ResumePoint, clock) -> Trained:
-    """`clock` (harness.lifecycle.Phases) gets the laps eval_before and train. A planned stop (a signal during
-    training, budget.stop_after_steps) raises harness.halt.Halted once its checkpoint is published."""
+def train(plan, run_dir: Path, data, policy: Policy, resume: ResumePoint, clock,
+          dumps: StackDumps | None = None) -> Trained:
+    """`clock` (harness.lifecycle.Phases) gets the laps eval_before and train; `dumps` (harness.diagnostics): the
+    run's stack dumps, whose hang watchdog training arms. A planned stop (a signal during training,
+    budget.stop_after_steps) raises harness.halt.Halted once its checkpoint is published."""
     already_paused(plan, resume)
     ctx = open_logs(plan, run_dir, resume)
     evals = eval_before(plan, run_dir, data, policy, resume)
     clock.lap("eval_before")
     env_before = {k: os.environ.get(k) for k in LOGGER_ENV}
     halt = Halt()
-    trainer = build(plan, run_dir, data, policy, ctx, resume, halt=halt)
+    trainer = build(plan, run_dir, data, policy, ctx, resume, halt=halt, dumps=dumps)
     if resume.checkpoint is not None:
         from harness.audit import ResumeAuditCallback
 

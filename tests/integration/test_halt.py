@@ -174,3 +174,34 @@ def test_sigterm_during_the_sft_warm_start_interrupts_it_and_the_same_command_fi
     again = run_harness(*ARGS, f"output_root={out}", timeout=600, env=ENV)
     assert again.returncode == 0, again.stderr[-3000:]
     assert _manifest(sft)["status"] == "completed" and _manifest(_grpo_dir(out))["status"] == "completed"
+
+
+def test_sigusr1_and_the_hang_watchdog_write_stacks_and_the_run_goes_on(tmp_path):
+    """SIGUSR1 mid-training: diagnostics/stacks-0-<time>.txt with the trainer's frames, and the run completes.
+    train.hang_timeout_s shorter than a step: each step "hangs", so hang-0-<time>.txt files are written (with a
+    warning) and training still goes on to the end."""
+    env = {**os.environ, **ENV}
+    env.pop("HYDRA_FULL_ERROR", None)
+    out = tmp_path / "out"
+    args = [*ARGS, "arm.init=scratch", "train.hang_timeout_s=0.05", f"output_root={out}"]
+    proc = subprocess.Popen([sys.executable, "-m", "harness", *args], cwd=REPO, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        for line in proc.stderr:
+            if "checkpoint 2 published" in line:
+                proc.send_signal(signal.SIGUSR1)
+                break
+        err = proc.stderr.read()
+    finally:
+        proc.wait(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    run = _grpo_dir(out)
+    assert _manifest(run)["status"] == "completed"
+    (stacks,) = (run / "diagnostics").glob("stacks-0-*.txt")
+    text = stacks.read_text()
+    assert "Current thread" in text or "Thread 0x" in text
+    assert "transformers/trainer.py" in text  # the main thread, inside the Trainer's loop
+    assert "SIGUSR1: every thread's stack written to" in err
+    assert list((run / "diagnostics").glob("hang-0-*.txt"))
+    assert "no step completed in 0.05 s (train.hang_timeout_s)" in err
+    assert verify(run) == []

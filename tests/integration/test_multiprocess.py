@@ -207,3 +207,27 @@ def test_driver_form_sigterm_checkpoints_once_with_both_frontiers_and_resumes(tm
     for r in (0, 1):
         assert json.loads((run / "audits" / f"resume-1-rank-{r}.json").read_text())["status"] == "passed"
     check_two_rank_run(run)
+
+
+@pytest.mark.slow
+def test_driver_form_sigusr1_writes_both_ranks_stacks_and_the_run_goes_on(tmp_path):
+    """SIGUSR1 to the driver of a 2-rank job: passed on to the ranks only (torchrun's agent would die of it),
+    each writes diagnostics/stacks-<rank>-<time>.txt, and the run completes."""
+    out = tmp_path / "out"
+    args = ["placement=ddp", "placement.num_processes=2", "debug=tiny", "arm.init=scratch", f"output_root={out}"]
+    proc = subprocess.Popen([sys.executable, "-m", "harness", *args], cwd=REPO, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        for line in proc.stderr:
+            if "checkpoint 2 published" in line:
+                proc.send_signal(10)  # SIGUSR1
+                break
+        err = proc.stderr.read()
+    finally:
+        proc.wait(timeout=300)
+    assert proc.returncode == 0, err[-4000:]
+    run = _run(out, "grpo")
+    for r in (0, 1):
+        (stacks,) = (run / "diagnostics").glob(f"stacks-{r}-*.txt")
+        assert "File " in stacks.read_text()
+    check_two_rank_run(run)

@@ -1,0 +1,51 @@
+"""harness.diagnostics: SIGUSR1 files every thread's stack of this process and it goes on; the hang watchdog
+files one when no step completes in time, and not while steps keep completing. Both from C (faulthandler), so
+a main thread blocked in C (here: time.sleep) does not stop them."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+from harness.diagnostics import StackDumps
+
+
+def _wait_for(pred, timeout=10.0):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if pred():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_sigusr1_writes_every_threads_stack_and_the_process_goes_on(tmp_path):
+    before = signal.getsignal(signal.SIGUSR1)
+    with StackDumps(tmp_path, rank=0) as dumps:
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert _wait_for(lambda: len(dumps.written) == 1)
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert _wait_for(lambda: len(dumps.written) == 2)
+    (first, second) = sorted((tmp_path / "diagnostics").glob("stacks-0-*.txt"))
+    text = first.read_text()
+    assert "test_sigusr1_writes_every_threads_stack" in text  # this test's frame, in the main thread
+    assert "Thread 0x" in text and "_drain" in text  # all threads: the sink's own too
+    assert signal.getsignal(signal.SIGUSR1) == before  # the handler is gone after training
+
+
+def test_the_watchdog_dumps_a_step_that_takes_too_long_and_only_then(tmp_path):
+    with StackDumps(tmp_path, rank=1, hang_timeout_s=0.5) as dumps:
+        time.sleep(0.8)  # not armed yet (outside training): no dump
+        dumps.arm()
+        for _ in range(6):  # steps of 0.2 s: each re-arms the watchdog in time
+            time.sleep(0.2)
+            dumps.step_done()
+        assert dumps.written == []
+        time.sleep(1.2)  # a "hung" step, blocked in C
+        assert _wait_for(lambda: len(dumps.written) == 1)
+        dumps.disarm()  # the end of training
+        time.sleep(0.8)
+        assert len(dumps.written) == 1
+    (hang,) = (tmp_path / "diagnostics").glob("hang-1-*.txt")
+    assert "test_the_watchdog_dumps_a_step_that_takes_too_long" in hang.read_text()
