@@ -38,6 +38,8 @@ class RunContext:
     loss_tokens: int = 0  # SFT: loss-bearing tokens trained on (counted up front)
     stopped_by_budget: bool = False
     halted: dict | None = None  # a planned stop after a step: {"status", "step", "signum"} (harness.halt)
+    nonfinite_steps: int = 0  # optimizer steps skipped for a non-finite gradient (NonFiniteCallback), all of the run
+    nonfinite_abort: list | None = None  # the skipped steps of this process, once over train.max_nonfinite_steps
     started: float = field(default_factory=time.time)
 
     @property
@@ -129,6 +131,71 @@ class HaltCallback(TrainerCallback):
         return control
 
 
+NONFINITE_TEST_ENV = "HARNESS_TEST_NONFINITE_STEPS"  # tests only: "3,5" makes those steps' gradients NaN
+
+
+def _grads_finite(model) -> bool:
+    import torch
+
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    return bool(torch.isfinite(torch.stack(torch._foreach_norm(grads))).all()) if grads else True
+
+
+def _no_step(closure=None):
+    return None
+
+
+class NonFiniteCallback(TrainerCallback):
+    """A step whose gradient is not finite (a NaN or inf loss or gradient) is not applied: the optimizer's step and
+    the scheduler's are skipped (Accelerate's skipped-step flag, the one a mixed-precision overflow sets), the
+    step is counted (ctx.nonfinite_steps: metrics, checkpoint totals, completion.json; it survives resume) and
+    its sampled tokens still count in the budget (the ledger has them). Over train.max_nonfinite_steps, training
+    stops without a new checkpoint: the newest one stays intact, and the train stage raises NonFiniteError."""
+
+    def __init__(self, ctx: RunContext, max_nonfinite: int):
+        import os
+
+        self.ctx, self.max = ctx, max_nonfinite
+        self.inject = {int(s) for s in os.environ.get(NONFINITE_TEST_ENV, "").split(",") if s.strip()}
+        self.skipped_here: list[int] = []
+        self._skipping = None  # (the accelerated optimizer, the inner step it had) while a step is skipped
+
+    def on_pre_optimizer_step(self, args, state, control, model=None, optimizer=None, **kwargs):
+        step = state.global_step + 1  # the step being taken
+        if step in self.inject:
+            next(p for p in model.parameters() if p.grad is not None).grad.fill_(float("nan"))
+        if _all_ranks_continue(_grads_finite(model)):
+            return control
+        inner = optimizer.optimizer
+        self._skipping = (optimizer, inner.__dict__.get("step"))
+        inner.step = _no_step  # AcceleratedOptimizer.step calls it: no parameter or state update
+        optimizer._is_overflow = True  # -> accelerator.optimizer_step_was_skipped: the Trainer skips the scheduler
+        self.ctx.nonfinite_steps += 1
+        self.skipped_here.append(step)
+        log.warning("step %d: the gradient is not finite; the update was skipped (%d such step(s), "
+                    "train.max_nonfinite_steps=%d)", step, self.ctx.nonfinite_steps, self.max)
+        return control
+
+    def on_optimizer_step(self, args, state, control, **kwargs):
+        if self._skipping is not None:
+            optimizer, prev = self._skipping
+            if prev is None:
+                del optimizer.optimizer.step
+            else:
+                optimizer.optimizer.step = prev
+        return control
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self._skipping is not None:
+            self._skipping[0]._is_overflow = False
+            self._skipping = None
+        if self.ctx.nonfinite_steps > self.max:
+            self.ctx.nonfinite_abort = list(self.skipped_here)
+            control.should_training_stop = True
+            control.should_save = False  # the newest checkpoint is the last good state
+        return control
+
+
 class WatchdogCallback(TrainerCallback):
     """The hang watchdog (harness.diagnostics, train.hang_timeout_s): armed for training, re-armed by every step."""
 
@@ -182,6 +249,8 @@ class MetricsCallback(TrainerCallback):
         row = {"step": state.global_step, **{k: v for k, v in logs.items() if isinstance(v, (int, float))}}
         if self.ctx.rl:
             row["budget/tokens_used_rank0"] = self.ctx.tokens_used
+        if self.ctx.nonfinite_steps:
+            row["nonfinite_steps"] = self.ctx.nonfinite_steps
         if self.ctx.metrics is not None:
             self.ctx.metrics.append(row)
             self.ctx.metrics.flush()
@@ -260,7 +329,8 @@ class CheckpointCallback(TrainerCallback):
             ckpt_dir, step=step, identity=self.ctx.plan.identity,
             frontier={f"rank-{r}": e["frontier"] for r, e in enumerate(everyone)},
             state={f"rank-{r}": e["state"] for r, e in enumerate(everyone)},
-            totals={**totals, "loss_tokens": self.ctx.loss_tokens, "stopped_by_budget": self.ctx.stopped_by_budget},
+            totals={**totals, "loss_tokens": self.ctx.loss_tokens, "stopped_by_budget": self.ctx.stopped_by_budget,
+                    "nonfinite_steps": self.ctx.nonfinite_steps},
             rank_totals={f"rank-{r}": e["totals"] for r, e in enumerate(everyone)} if len(everyone) > 1 else None,
             permanent=final,
         )

@@ -119,3 +119,9 @@ class DataContractError(HarnessError):
             f"DataContractError: {n} problem{'s' if n != 1 else ''} in dataset {root}\n"
             + "\n".join(f"  - {p.render()}" for p in self.problems)
         )
+
+
+class NonFiniteError(HarnessError):
+    """More optimizer steps had a non-finite gradient than train.max_nonfinite_steps allows (none was applied)."""
+
+    exit_code = 7

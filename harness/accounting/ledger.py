@@ -16,6 +16,7 @@ one round means the TRL mapping no longer matches harness.rounds: it is refused,
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from harness.rewards import completion_text, cut_at_eos, score
@@ -49,6 +50,9 @@ class HarnessReward:
             slot, gen = rnd.slot(ctx.rank, j)
             cid = f"{self.tag}:{step}:{slot}:{gen}"
             tr = score(completion_text(completions[j]), record, truncated=truncated, cfg=self.reward_cfg)
+            if not math.isfinite(tr.total):  # a NaN reward would poison the group's advantages without a trace
+                raise ValueError(f"the reward of completion {cid} is {tr.total} (components {tr.components}): "
+                                 "rewards must be finite; check reward.*")
             ctx.ledger.append({"completion_id": cid, "tokens": len(ids), "terminated": not truncated, "step": step,
                                "view": record["key"]})
             ctx.trace.append({

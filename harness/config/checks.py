@@ -7,6 +7,7 @@ plan). `run_checks` runs them all so the user sees every problem at once, not th
 from __future__ import annotations
 
 import dataclasses
+import math
 import importlib.util
 import os
 import shutil
@@ -62,6 +63,10 @@ def check_bounds(obj, prefix: str, out: Findings) -> None:
             check_bounds(value, path + ".", out)
             continue
         if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        if not math.isfinite(value):  # nan passes no bound check and inf passes a lower one
+            out.error(path, value, f"must be a finite number ({fld.metadata.get('help', '')})",
+                      f"set {path} to a finite value")
             continue
         for key, (ok, sym) in ops.items():
             if key in fld.metadata and not ok(value, fld.metadata[key]):

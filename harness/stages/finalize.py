@@ -67,6 +67,7 @@ def write_completion(plan, run, *, ctx, trainer, train_out, evals: dict, wall_s:
         "kind": plan.kind,
         "optimizer_steps": state.global_step,
         "stopped_by": "budget" if ctx.stopped_by_budget else "max_steps",
+        "nonfinite_steps": ctx.nonfinite_steps,  # skipped, not applied (train.max_nonfinite_steps)
         "identity": run.manifest["identity"],
         "parent": run.manifest.get("parent"),
         "init": run.manifest.get("init"),

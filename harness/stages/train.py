@@ -15,8 +15,9 @@ from arms import build_trainer
 from arms.common import LOGGER_ENV, BuildContext, trainer_totals
 from harness import dist
 from harness.accounting.logs import METRICS_PATH, AppendLog, Frontier, ledger_path, trace_path
-from harness.callbacks import (BudgetCallback, CheckpointCallback, HaltCallback, MetricsCallback, QuietProgressCallback,
-                               RunContext, WatchdogCallback)
+from harness.callbacks import (BudgetCallback, CheckpointCallback, HaltCallback, MetricsCallback, NonFiniteCallback,
+                               QuietProgressCallback, RunContext, WatchdogCallback)
+from harness.errors import NonFiniteError, Problem
 from harness.diagnostics import StackDumps
 from harness.halt import Halt, Halted
 from harness.policy import Policy, device_of
@@ -42,6 +43,7 @@ def open_logs(plan, run_dir: Path, resume: ResumePoint) -> RunContext:
     fr = resume.frontier(ctx.rank)
     opened = lambda key, rel: AppendLog(run_dir, rel, Frontier.from_json(fr[key]) if key in fr else None)  # noqa: E731
     ctx.metrics = opened("metrics", METRICS_PATH) if dist.is_main() else None
+    ctx.nonfinite_steps = (resume.manifest.get("totals") or {}).get("nonfinite_steps", 0)
     if plan.rl:
         ctx.ledger, ctx.trace = opened("ledger", ledger_path(ctx.rank)), opened("trace", trace_path(ctx.rank))
         totals = resume.totals(ctx.rank)
@@ -153,6 +155,7 @@ def build(plan, run_dir: Path, data, policy: Policy, ctx: RunContext, resume: Re
     checkpoints = CheckpointCallback(ctx, keep_last=c["train"]["keep_last"])
     callbacks = [BudgetCallback(ctx), HaltCallback(ctx, halt or Halt(), c["budget"]["stop_after_steps"]),
                  MetricsCallback(ctx, console=c["logger"]["console"]), checkpoints]
+    callbacks.append(NonFiniteCallback(ctx, c["train"]["max_nonfinite_steps"]))  # last: it can veto the save
     if dumps is not None:
         callbacks.append(WatchdogCallback(dumps))
     bctx = BuildContext(plan=plan, run_dir=run_dir, model=policy.model, processor=policy.processor,
@@ -202,11 +205,27 @@ def train(plan, run_dir: Path, data, policy: Policy, resume: ResumePoint, clock,
         close_loggers(trainer, ctx, env_before, failed=failed)
     dist.barrier()  # every rank's ledger and trace are closed (fsynced) before rank 0 reads them
     clock.lap("train")
+    if ctx.nonfinite_abort is not None:
+        raise nonfinite_error(plan, run_dir, ctx)
     if ctx.halted:
         h = ctx.halted
         raise Halted(h["status"], h["step"], f"checkpoint-{h['step']}", signum=h["signum"],
                      then=halt.scheduler_handler())
     return Trained(trainer=trainer, ctx=ctx, train_out=train_out, evals=evals)
+
+
+def nonfinite_error(plan, run_dir: Path, ctx: RunContext) -> NonFiniteError:
+    """Why training stopped over train.max_nonfinite_steps, which checkpoint is intact, and what to change."""
+    from harness.accounting.checkpoint import complete_checkpoints
+
+    newest = complete_checkpoints(run_dir)
+    kept = f"the newest checkpoint {newest[-1].name} is intact" if newest else "no checkpoint was published yet"
+    problem = Problem("train.max_nonfinite_steps", plan.config["train"]["max_nonfinite_steps"],
+                      f"{ctx.nonfinite_steps} optimizer step(s) of this run had a non-finite gradient (in this process: "
+                      f"steps {', '.join(map(str, ctx.nonfinite_abort))}); none was applied; training stopped and {kept}",
+                      "lower arm.learning_rate, check model.dtype and the data; or raise train.max_nonfinite_steps to "
+                      "skip more such steps")
+    return NonFiniteError(f"NonFiniteError: {problem.render()}")
 
 
 def already_paused(plan, resume: ResumePoint) -> None:
