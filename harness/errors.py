@@ -124,4 +124,4 @@ class DataContractError(HarnessError):
 class NonFiniteError(HarnessError):
     """More optimizer steps had a non-finite gradient than train.max_nonfinite_steps allows (none was applied)."""
 
-    exit_code = 7
+    exit_code = 8

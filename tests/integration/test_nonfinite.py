@@ -58,7 +58,7 @@ def test_over_max_nonfinite_steps_the_run_stops_with_its_last_good_checkpoint(tm
     out = tmp_path / "out"
     proc = run_harness(*ARGS, f"output_root={out}", "train.max_nonfinite_steps=1", env={NONFINITE_TEST_ENV: "3,4"},
                        timeout=600)
-    assert proc.returncode == 7, proc.stderr[-3000:]
+    assert proc.returncode == 8, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
     assert "NonFiniteError: train.max_nonfinite_steps = 1: 2 optimizer step(s) of this run had a non-finite " \
            "gradient (in this process: steps 3, 4); none was applied; training stopped and the newest checkpoint " \
