@@ -196,6 +196,19 @@ class NonFiniteCallback(TrainerCallback):
         return control
 
 
+class FirstStepCallback(TrainerCallback):
+    """The time to this process's first completed optimizer step (a start phase, harness.lifecycle.Phases)."""
+
+    def __init__(self, clock):
+        self.clock, self.done = clock, False
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if not self.done:
+            self.done = True
+            self.clock.mark("first_step")
+        return control
+
+
 class WatchdogCallback(TrainerCallback):
     """The hang watchdog (harness.diagnostics, train.hang_timeout_s): armed for training, re-armed by every step."""
 

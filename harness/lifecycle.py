@@ -12,6 +12,7 @@ are written last).
 from __future__ import annotations
 
 import logging
+import os
 import time
 import traceback
 from pathlib import Path
@@ -147,7 +148,12 @@ def run_stages(plan: Plan, run: RunDir, parent_s: float = 0.0) -> dict | None:
 
 
 def _stages(plan: Plan, run: RunDir, parent_s: float, dumps) -> dict | None:
-    clock = Phases(parent=parent_s)
+    from harness.rundir import now
+
+    earlier = list(run.manifest.get("start_phases", []))  # one entry per start of this run (resumes too)
+    this = {"pid": os.getpid(), "started_at": now(), "seconds": {}}
+    record = lambda marks: run.update(start_phases=[*earlier, {**this, "seconds": marks}])  # noqa: E731
+    clock = Phases(parent=parent_s, on_mark=record)
     from harness.log import quiet_libraries
     from harness.stages import data as data_stage
     from harness.stages import policy as policy_stage
@@ -184,18 +190,29 @@ def _stages(plan: Plan, run: RunDir, parent_s: float, dumps) -> dict | None:
 
 
 class Phases:
-    """Wall seconds per phase of a run, in order: `lap(name)` closes the phase that ends now."""
+    """Wall seconds per phase of a run, in order: `lap(name)` closes the phase that ends now. Also the start
+    phases: `start[name]`, the seconds from this process's start on the plan (its parent included) to the end of
+    each phase and to the first optimizer step (`mark("first_step")`), given to `on_mark` as they happen (the
+    manifest's `start_phases`: the cold-start cost of every start of a run, resumes included)."""
 
     ORDER = ("parent", "imports", "data", "model", "eval_before", "train", "eval_after", "finalize")
 
-    def __init__(self, parent: float = 0.0):
+    def __init__(self, parent: float = 0.0, on_mark=None):
         self.seconds = {"parent": round(parent, 3)}
-        self._t = time.perf_counter()
+        self.start = {"parent": round(parent, 3)}
+        self._parent, self.on_mark = parent, on_mark
+        self._t0 = self._t = time.perf_counter()
 
     def lap(self, name: str) -> None:
         now = time.perf_counter()
         self.seconds[name] = round(self.seconds.get(name, 0.0) + now - self._t, 3)
         self._t = now
+        self.mark(name)
+
+    def mark(self, name: str) -> None:
+        self.start[name] = round(self._parent + time.perf_counter() - self._t0, 3)
+        if self.on_mark is not None:
+            self.on_mark(dict(self.start))
 
     def as_dict(self) -> dict:
         return {k: self.seconds.get(k, 0.0) for k in self.ORDER}
@@ -253,8 +270,9 @@ def _summary(plan: Plan, comp: dict) -> None:
     phases = comp.get("phases_s")
     if phases:
         reused = " (reused)" if before.get("reused_from") else ""
+        first = (comp.get("start_phases_s") or {}).get("first_step")
         lines.append("  phases (s): " + ", ".join(
             f"{k.replace('_', ' ')} {v:.1f}{reused if k == 'eval_before' else ''}" for k, v in phases.items())
-            + f"; total {sum(phases.values()):.1f}")
+            + f"; total {sum(phases.values()):.1f}" + (f"; first step done at {first:.1f}" if first else ""))
     for line in lines:
         log.info("%s", line)

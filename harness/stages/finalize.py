@@ -104,6 +104,7 @@ def write_completion(plan, run, *, ctx, trainer, train_out, evals: dict, wall_s:
             out["ranks"] = [{"rank": r["rank"], "trained_loss_tokens": r.get("trained_loss_tokens", 0)} for r in ranks]
     clock.lap("finalize")
     out["phases_s"] = clock.as_dict()
+    out["start_phases_s"] = dict(clock.start)  # seconds from this process's start to each phase's end
     atomic_write_json(run.path / COMPLETION, out)
     return out
 

@@ -15,8 +15,8 @@ from arms import build_trainer
 from arms.common import LOGGER_ENV, BuildContext, trainer_totals
 from harness import dist
 from harness.accounting.logs import METRICS_PATH, AppendLog, Frontier, ledger_path, trace_path
-from harness.callbacks import (BudgetCallback, CheckpointCallback, HaltCallback, MetricsCallback, NonFiniteCallback,
-                               QuietProgressCallback, RunContext, WatchdogCallback)
+from harness.callbacks import (BudgetCallback, CheckpointCallback, FirstStepCallback, HaltCallback, MetricsCallback,
+                               NonFiniteCallback, QuietProgressCallback, RunContext, WatchdogCallback)
 from harness.errors import NonFiniteError, Problem
 from harness.diagnostics import StackDumps
 from harness.halt import Halt, Halted
@@ -185,6 +185,7 @@ def train(plan, run_dir: Path, data, policy: Policy, resume: ResumePoint, clock,
     env_before = {k: os.environ.get(k) for k in LOGGER_ENV}
     halt = Halt()
     trainer = build(plan, run_dir, data, policy, ctx, resume, halt=halt, dumps=dumps)
+    trainer.add_callback(FirstStepCallback(clock))
     if resume.checkpoint is not None:
         from harness.audit import ResumeAuditCallback
 
