@@ -203,11 +203,13 @@ class Phases:
         self._parent, self.on_mark = parent, on_mark
         self._t0 = self._t = time.perf_counter()
 
-    def lap(self, name: str) -> None:
+    def lap(self, name: str, mark: bool = True) -> None:
+        """`mark=False`: a phase that goes on later (the start phase is marked at its last lap)."""
         now = time.perf_counter()
         self.seconds[name] = round(self.seconds.get(name, 0.0) + now - self._t, 3)
         self._t = now
-        self.mark(name)
+        if mark:
+            self.mark(name)
 
     def mark(self, name: str) -> None:
         self.start[name] = round(self._parent + time.perf_counter() - self._t0, 3)

@@ -31,7 +31,7 @@ def finalize(plan, run: RunDir, data, policy, trained: Trained, started: float, 
     if not dist.is_main():
         return None  # rank 0 evaluates and finalizes; no collective follows
     evals = dict(trained.evals)
-    clock.lap("finalize")  # the final save and the gather
+    clock.lap("finalize", mark=False)  # the final save and the gather; finalize goes on after the eval
     if c["train"]["eval_after"]:
         evals["after"] = eval_policy(plan, run.path, data, policy, label="final", policy_ref="final_policy",
                                      weights=run.path / "final_policy")
@@ -104,7 +104,7 @@ def write_completion(plan, run, *, ctx, trainer, train_out, evals: dict, wall_s:
             out["ranks"] = [{"rank": r["rank"], "trained_loss_tokens": r.get("trained_loss_tokens", 0)} for r in ranks]
     clock.lap("finalize")
     out["phases_s"] = clock.as_dict()
-    out["start_phases_s"] = dict(clock.start)  # seconds from this process's start to each phase's end
+    out["start_phases_s"] = dict(clock.start)  # seconds from this process's start to each phase's end (this write's)
     atomic_write_json(run.path / COMPLETION, out)
     return out
 
