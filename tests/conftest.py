@@ -55,6 +55,32 @@ def run_harness(*args: str, module: str = "harness", cwd: Path | None = None, ti
                           text=True, timeout=timeout, env=full_env)
 
 
+def signal_harness(*args: str, when: str, signals: tuple[int, ...], env: dict | None = None,
+                   timeout: float = 300) -> tuple[int, str]:
+    """`python -m harness args...` until a stderr line contains `when`, then `signals` sent to it 50 ms apart;
+    (its exit code, its whole stderr) once it exits."""
+    import time
+
+    full_env = {**os.environ, **(env or {})}
+    full_env.pop("HYDRA_FULL_ERROR", None)
+    proc = subprocess.Popen([sys.executable, "-m", "harness", *args], cwd=REPO, env=full_env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    seen = []
+    try:
+        for line in proc.stderr:
+            seen.append(line)
+            if when in line:
+                for i, sig in enumerate(signals):
+                    if i:
+                        time.sleep(0.05)
+                    proc.send_signal(sig)
+                break
+        seen.append(proc.stderr.read())
+    finally:
+        proc.wait(timeout=timeout)
+    return proc.returncode, "".join(seen)
+
+
 def logged_values(run_dir: Path) -> list[dict]:
     """metrics.jsonl without its wall-clock fields: what two runs of the same config must log identically."""
     from harness.accounting.logs import METRICS_PATH, read_rows

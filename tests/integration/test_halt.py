@@ -1,17 +1,15 @@
 """Planned stops (harness.halt): a pause at budget.stop_after_steps and a SIGTERM (twice) during training each
 publish a checkpoint, mark the run paused / interrupted (not failed), exit 0 / 143, and the same command then
 finishes a run identical to one that never stopped: ledger, trace, logged values and final weights, bit for bit.
-Also: the directories a run writes are checked before any work (an unwritable output_root is a ConfigError)."""
+A SIGTERM during the SFT warm start interrupts it (and the RL run is not started). SIGUSR1 and the hang watchdog
+write the stacks and the run goes on. Every start of a run records its start phases. The directories a run
+writes are checked before any work (an unwritable output_root is a ConfigError)."""
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -19,7 +17,7 @@ import pytest
 from harness.accounting.checkpoint import CHECKPOINT_MANIFEST
 from harness.accounting.logs import read_rows
 from harness.verify import verify
-from tests.conftest import REPO, logged_values, run_harness
+from tests.conftest import logged_values, run_harness, signal_harness
 
 ENV = {"OMP_NUM_THREADS": "1"}  # the same kernels in every run, so the continued run can match bit for bit
 ARGS = ["debug=tiny"]  # grpo from a 60-step warm start, ~8 steps, a checkpoint every 2
@@ -40,27 +38,6 @@ def _aside(out: Path, run: Path, name: str) -> Path:
     dst.parent.mkdir()
     shutil.move(str(run), dst)
     return dst
-
-
-def _sigterm_twice_after(out: Path, checkpoint: int) -> tuple[int, str]:
-    """Run until checkpoint `checkpoint` is published, then SIGTERM, and a second SIGTERM 50 ms later."""
-    env = {**os.environ, **ENV}
-    env.pop("HYDRA_FULL_ERROR", None)
-    proc = subprocess.Popen([sys.executable, "-m", "harness", *ARGS, f"output_root={out}"], cwd=REPO, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    seen = []
-    try:
-        for line in proc.stderr:
-            seen.append(line)
-            if f"checkpoint {checkpoint} published" in line:
-                proc.send_signal(signal.SIGTERM)
-                time.sleep(0.05)
-                proc.send_signal(signal.SIGTERM)
-                break
-        seen.append(proc.stderr.read())
-    finally:
-        proc.wait(timeout=300)
-    return proc.returncode, "".join(seen)
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +63,8 @@ def runs(tmp_path_factory):
     result["paused_continue"] = cont.stderr
     result["paused"] = _aside(out, run, "paused")
     # 2. SIGTERM twice after checkpoint 2, then the same command
-    code, stderr = _sigterm_twice_after(out, 2)
+    code, stderr = signal_harness(*ARGS, f"output_root={out}", when="checkpoint 2 published",
+                                  signals=(signal.SIGTERM, signal.SIGTERM), env=ENV)
     run = _grpo_dir(out)
     result.update(term_code=code, term_stderr=stderr, term_manifest=_manifest(run),
                   term_completion=(run / "completion.json").exists(), term_verify=verify(run))
@@ -155,20 +133,9 @@ def test_an_output_root_that_cannot_be_written_is_a_config_error(tmp_path):
 
 
 def test_sigterm_during_the_sft_warm_start_interrupts_it_and_the_same_command_finishes_both(tmp_path):
-    env = {**os.environ, **ENV}
-    env.pop("HYDRA_FULL_ERROR", None)
     out = tmp_path / "out"
-    proc = subprocess.Popen([sys.executable, "-m", "harness", *ARGS, f"output_root={out}"], cwd=REPO, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        for line in proc.stderr:
-            if "step 5/60" in line:  # the warm start's console line
-                proc.send_signal(signal.SIGTERM)
-                break
-        err = proc.stderr.read()
-    finally:
-        proc.wait(timeout=300)
-    assert proc.returncode == 143, err[-3000:]
+    code, err = signal_harness(*ARGS, f"output_root={out}", when="step 5/60", signals=(signal.SIGTERM,), env=ENV)
+    assert code == 143, err[-3000:]
     (sft,) = (out / "runs").glob("sft-*")
     assert _manifest(sft)["status"] == "interrupted" and not list((out / "runs").glob("grpo-*"))
     again = run_harness(*ARGS, f"output_root={out}", timeout=600, env=ENV)
@@ -180,21 +147,10 @@ def test_sigusr1_and_the_hang_watchdog_write_stacks_and_the_run_goes_on(tmp_path
     """SIGUSR1 mid-training: diagnostics/stacks-0-<time>.txt with the trainer's frames, and the run completes.
     train.hang_timeout_s shorter than a step: each step "hangs", so hang-0-<time>.txt files are written (with a
     warning) and training still goes on to the end."""
-    env = {**os.environ, **ENV}
-    env.pop("HYDRA_FULL_ERROR", None)
     out = tmp_path / "out"
     args = [*ARGS, "arm.init=scratch", "train.hang_timeout_s=0.05", f"output_root={out}"]
-    proc = subprocess.Popen([sys.executable, "-m", "harness", *args], cwd=REPO, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        for line in proc.stderr:
-            if "checkpoint 2 published" in line:
-                proc.send_signal(signal.SIGUSR1)
-                break
-        err = proc.stderr.read()
-    finally:
-        proc.wait(timeout=300)
-    assert proc.returncode == 0, err[-3000:]
+    code, err = signal_harness(*args, when="checkpoint 2 published", signals=(signal.SIGUSR1,), env=ENV)
+    assert code == 0, err[-3000:]
     run = _grpo_dir(out)
     assert _manifest(run)["status"] == "completed"
     (stacks,) = (run / "diagnostics").glob("stacks-0-*.txt")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +15,7 @@ import pytest
 
 from harness.accounting.logs import read_rows
 from harness.verify import verify
-from tests.conftest import REPO, run_harness
+from tests.conftest import REPO, run_harness, signal_harness
 
 pytestmark = pytest.mark.multiprocess
 LAUNCH = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
@@ -181,17 +182,8 @@ def test_driver_form_sigterm_checkpoints_once_with_both_frontiers_and_resumes(tm
 
     out = tmp_path / "out"
     args = ["placement=ddp", "placement.num_processes=2", "debug=tiny", "arm.init=scratch", f"output_root={out}"]
-    proc = subprocess.Popen([sys.executable, "-m", "harness", *args], cwd=REPO, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
-    try:
-        for line in proc.stderr:
-            if "checkpoint 2 published" in line:
-                proc.send_signal(15)
-                break
-        err = proc.stderr.read()
-    finally:
-        proc.wait(timeout=300)
-    assert proc.returncode == 143, err[-4000:]
+    code, err = signal_harness(*args, when="checkpoint 2 published", signals=(signal.SIGTERM,))
+    assert code == 143, err[-4000:]
     run = _run(out, "grpo")
     m = json.loads((run / "run_manifest.json").read_text())
     step = m["halt"]["step"]
@@ -215,17 +207,8 @@ def test_driver_form_sigusr1_writes_both_ranks_stacks_and_the_run_goes_on(tmp_pa
     each writes diagnostics/stacks-<rank>-<time>.txt, and the run completes."""
     out = tmp_path / "out"
     args = ["placement=ddp", "placement.num_processes=2", "debug=tiny", "arm.init=scratch", f"output_root={out}"]
-    proc = subprocess.Popen([sys.executable, "-m", "harness", *args], cwd=REPO, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
-    try:
-        for line in proc.stderr:
-            if "checkpoint 2 published" in line:
-                proc.send_signal(10)  # SIGUSR1
-                break
-        err = proc.stderr.read()
-    finally:
-        proc.wait(timeout=300)
-    assert proc.returncode == 0, err[-4000:]
+    code, err = signal_harness(*args, when="checkpoint 2 published", signals=(signal.SIGUSR1,))
+    assert code == 0, err[-4000:]
     run = _run(out, "grpo")
     for r in (0, 1):
         (stacks,) = (run / "diagnostics").glob(f"stacks-{r}-*.txt")
