@@ -1,15 +1,17 @@
-"""Hang diagnosis during training: every thread's Python stack of this rank, written to the run dir.
+"""Hang diagnosis: every thread's Python stack of this rank, written to the run dir, and the run goes on.
 
 - `kill -USR1 <pid>` (the driver form passes it on to its ranks), at any point of the run (data, model build,
-  training, evals): `<run_dir>/diagnostics/stacks-<rank>-<time>.txt`, and the run goes on.
+  training, evals): `<run_dir>/diagnostics/stacks-<rank>-<time>.txt`.
 - `train.hang_timeout_s=S` (off by default): when no optimizer step completes within S seconds (the first one
-  counted from the start of training), the same dump as `hang-<rank>-<time>.txt`, with a warning; training is
-  not stopped (a slow step is not killed: the stacks say where it waits).
+  counted from the start of training), the same dump as `hang-<rank>-<time>.txt`, with a warning, once per
+  hang; training is not stopped (a slow step is not killed: the stacks say where it waits).
 
-Both are written by faulthandler from C (its signal handler, its watchdog thread), so they work while the
-main thread is blocked inside a collective or a kernel, where a Python-level handler would never run. The
-C side writes into a pipe (non-blocking: a dump that does not fit is cut, never a stall); a daemon thread
-reads each dump and writes it to its own file. Torch-free.
+A watcher thread writes both, with faulthandler.dump_traceback while it holds the GIL. Python's C-level signal
+handler wakes it through `signal.set_wakeup_fd`, so a main thread blocked inside a collective or a kernel (which
+releases the GIL) still gets its stacks dumped, where a Python-level handler would wait for the call to return.
+faulthandler's own C-level dumps (`register`, `dump_traceback_later`) are not used: they read the other threads'
+frames without the GIL, and on this machine a SIGUSR1 so handled crashed a training process (SIGSEGV) in one of
+a few runs. Torch-free.
 """
 
 from __future__ import annotations
@@ -25,92 +27,91 @@ from pathlib import Path
 
 log = logging.getLogger("harness")
 DUMP_SIGNAL = signal.SIGUSR1
-QUIET_S = 0.3  # a dump is complete when its pipe has been quiet this long
 
 
-class _Sink:
-    """A pipe the C side writes dumps into and a daemon thread that files each dump as `<prefix>-<time>.txt`."""
-
-    def __init__(self, folder: Path, prefix: str, what: str):
-        self.folder, self.prefix, self.what = folder, prefix, what
-        r, w = os.pipe()
-        os.set_blocking(w, False)
-        self.r, self.w = r, os.fdopen(w, "wb", buffering=0)
-        self.written: list[Path] = []
-        self._thread = threading.Thread(target=self._drain, name=f"harness-{prefix}", daemon=True)
-        self._thread.start()
-
-    def _drain(self) -> None:
-        while True:
-            chunks = []
-            while True:
-                ready, _, _ = select.select([self.r], [], [], QUIET_S if chunks else None)
-                if not ready:
-                    break  # quiet: the dump is complete
-                data = os.read(self.r, 65536)
-                if not data:  # the write end is closed
-                    if chunks:
-                        self._file(b"".join(chunks))
-                    return
-                chunks.append(data)
-            self._file(b"".join(chunks))
-
-    def _file(self, data: bytes) -> None:
-        self.folder.mkdir(parents=True, exist_ok=True)
-        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + f"{time.time() % 1:.3f}"[1:]
-        path = self.folder / f"{self.prefix}-{stamp}.txt"
-        path.write_bytes(data)
-        self.written.append(path)
-        log.warning("%s: every thread's stack written to %s", self.what, path)
-
-    def close(self) -> None:
-        self.w.close()
-        self._thread.join(timeout=5)
-        os.close(self.r)
+def _noop(signum, frame) -> None:  # the watcher thread does the work (woken through the wakeup fd)
+    return None
 
 
 class StackDumps:
-    """For the whole run (data, model, training, evals): SIGUSR1 dumps this rank's stacks. During training, with
-    `hang_timeout_s`, so does a step that takes too long: `arm()` at the start of training, `step_done()` after
-    every step (re-arms), `disarm()` at its end (harness.callbacks.WatchdogCallback)."""
+    """For the whole run: SIGUSR1 dumps this rank's stacks. During training, with `hang_timeout_s`, so does a step
+    that takes too long: `arm()` at the start of training, `step_done()` after every step, `disarm()` at its end
+    (harness.callbacks.WatchdogCallback)."""
 
     def __init__(self, run_dir: Path | str, rank: int, hang_timeout_s: float | None = None):
         self.folder = Path(run_dir) / "diagnostics"
         self.rank, self.timeout = rank, hang_timeout_s
-        self._signal = self._hang = None
-        self._armed = False
+        self.written: list[Path] = []
+        self._deadline = None  # monotonic time of the hang dump while armed; None when disarmed or dumped
+        self._stop = threading.Event()
+        self._r = self._w = None
+        self._previous = None  # (SIGUSR1 handler, wakeup fd) to restore
 
     def __enter__(self) -> "StackDumps":
-        self._signal = _Sink(self.folder, f"stacks-{self.rank}", "SIGUSR1")
-        faulthandler.register(DUMP_SIGNAL, file=self._signal.w, all_threads=True, chain=False)
+        if threading.current_thread() is threading.main_thread():  # signal handlers live in the main thread
+            self._r, self._w = os.pipe()
+            os.set_blocking(self._w, False)
+            handler = signal.signal(DUMP_SIGNAL, _noop)
+            self._previous = (handler, signal.set_wakeup_fd(self._w, warn_on_full_buffer=False))
+        self._thread = threading.Thread(target=self._watch, name=f"harness-stacks-{self.rank}", daemon=True)
+        self._thread.start()
         return self
 
-    def arm(self) -> None:
-        if not self.timeout:
+    def _watch(self) -> None:
+        while not self._stop.is_set():
+            wait = None if self._deadline is None else max(0.0, self._deadline - time.monotonic())
+            if self._r is None:
+                self._stop.wait(0.5 if wait is None else min(wait, 0.5))
+                ready = False
+            else:
+                ready = select.select([self._r], [], [], 0.5 if wait is None else min(wait, 0.5))[0]
+            if ready:
+                data = os.read(self._r, 512)
+                prev_fd = self._previous[1]
+                if prev_fd >= 0:  # whoever had the wakeup fd still hears of every signal
+                    try:
+                        os.write(prev_fd, data)
+                    except OSError:
+                        pass
+                if DUMP_SIGNAL in data:
+                    self._dump("stacks", "SIGUSR1")
+            deadline = self._deadline
+            if deadline is not None and time.monotonic() >= deadline and not self._stop.is_set():
+                self._deadline = None  # once per hang: the next step re-arms it
+                self._dump("hang", f"no step completed in {self.timeout:g} s (train.hang_timeout_s)")
+
+    def _dump(self, kind: str, why: str) -> None:
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + f"{time.time() % 1:.3f}"[1:]
+            path = self.folder / f"{kind}-{self.rank}-{stamp}.txt"
+            with open(path, "w") as f:
+                faulthandler.dump_traceback(file=f, all_threads=True)
+        except OSError as exc:  # a diagnostic must not end the run
+            log.warning("%s: could not write the stacks to %s: %s", why, self.folder, exc)
             return
-        if self._hang is None:
-            self._hang = _Sink(self.folder, f"hang-{self.rank}", f"no step completed in {self.timeout:g} s "
-                               "(train.hang_timeout_s)")
-        self._armed = True
-        self.step_done()
+        self.written.append(path)
+        log.warning("%s: every thread's stack written to %s", why, path)
+
+    def arm(self) -> None:
+        if self.timeout:
+            self.step_done()
 
     def step_done(self) -> None:
-        if self._armed:
-            faulthandler.cancel_dump_traceback_later()
-            faulthandler.dump_traceback_later(self.timeout, repeat=False, file=self._hang.w, exit=False)
+        if self.timeout:
+            self._deadline = time.monotonic() + self.timeout
 
     def disarm(self) -> None:
-        if self._armed:
-            faulthandler.cancel_dump_traceback_later()
-            self._armed = False
+        self._deadline = None
 
     def __exit__(self, *exc) -> None:
-        faulthandler.unregister(DUMP_SIGNAL)
-        self.disarm()
-        for sink in (self._hang, self._signal):
-            if sink is not None:
-                sink.close()
-
-    @property
-    def written(self) -> list[Path]:
-        return [*(self._signal.written if self._signal else []), *(self._hang.written if self._hang else [])]
+        self._deadline = None
+        if self._previous is not None:
+            handler, prev_fd = self._previous
+            signal.set_wakeup_fd(prev_fd)
+            signal.signal(DUMP_SIGNAL, handler)
+        self._stop.set()
+        self._thread.join(timeout=5)
+        for fd in (self._r, self._w):
+            if fd is not None:
+                os.close(fd)

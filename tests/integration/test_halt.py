@@ -144,17 +144,18 @@ def test_sigterm_during_the_sft_warm_start_interrupts_it_and_the_same_command_fi
 
 
 def test_sigusr1_and_the_hang_watchdog_write_stacks_and_the_run_goes_on(tmp_path):
-    """SIGUSR1 mid-training: diagnostics/stacks-0-<time>.txt with the trainer's frames, and the run completes.
+    """SIGUSR1 x3 mid-training: diagnostics/stacks-0-<time>.txt each, with the trainer's frames, and the run completes.
     train.hang_timeout_s shorter than a step: each step "hangs", so hang-0-<time>.txt files are written (with a
     warning) and training still goes on to the end."""
     out = tmp_path / "out"
     args = [*ARGS, "arm.init=scratch", "train.hang_timeout_s=0.05", f"output_root={out}"]
-    code, err = signal_harness(*args, when="checkpoint 2 published", signals=(signal.SIGUSR1,), env=ENV)
+    code, err = signal_harness(*args, when="checkpoint 2 published", signals=(signal.SIGUSR1,) * 3, env=ENV)
     assert code == 0, err[-3000:]
     run = _grpo_dir(out)
     assert _manifest(run)["status"] == "completed"
-    (stacks,) = (run / "diagnostics").glob("stacks-0-*.txt")
-    text = stacks.read_text()
+    dumps = sorted((run / "diagnostics").glob("stacks-0-*.txt"))
+    assert len(dumps) == 3  # one per signal (50 ms apart), none of them ending the run
+    text = dumps[0].read_text()
     assert "Current thread" in text or "Thread 0x" in text
     assert "transformers/trainer.py" in text  # the main thread, inside the Trainer's loop
     assert "SIGUSR1: every thread's stack written to" in err

@@ -1,6 +1,6 @@
 """harness.diagnostics: SIGUSR1 files every thread's stack of this process and it goes on; the hang watchdog
-files one when no step completes in time, and not while steps keep completing. Both from C (faulthandler), so
-a main thread blocked in C (here: time.sleep) does not stop them."""
+files one when no step completes in time, and not while steps keep completing. Both from a watcher thread, so
+a main thread blocked in C with the GIL released (here: time.sleep) does not stop them."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def test_sigusr1_writes_every_threads_stack_and_the_process_goes_on(tmp_path):
     (first, second) = sorted((tmp_path / "diagnostics").glob("stacks-0-*.txt"))
     text = first.read_text()
     assert "test_sigusr1_writes_every_threads_stack" in text  # this test's frame, in the main thread
-    assert "Thread 0x" in text and "_drain" in text  # all threads: the sink's own too
+    assert "Thread 0x" in text and "_watch" in text  # all threads: the watcher's own too
     assert signal.getsignal(signal.SIGUSR1) == before  # the handler is gone after training
 
 
