@@ -17,6 +17,7 @@ from transformers.trainer_callback import ProgressCallback
 from harness.accounting import checkpoint as ckpt
 from harness import dist
 from harness.accounting.logs import AppendLog
+from harness.halt import signal_name
 from harness.rounds import GenerationRound
 
 log = logging.getLogger("harness")
@@ -115,8 +116,6 @@ class HaltCallback(TrainerCallback):
         self.ctx, self.halt, self.stop_after = ctx, halt, stop_after_steps
 
     def on_step_end(self, args, state, control, **kwargs):
-        from harness.halt import signal_name
-
         signum = _agreed_signal(self.halt.signum or 0)
         step = state.global_step
         ends = control.should_training_stop or step >= state.max_steps

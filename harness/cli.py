@@ -125,10 +125,13 @@ def _entry(cfg: DictConfig) -> None:
     # A sweep job: a failure is recorded and the sweep goes on with the next job; a signal (harness.halt) ends
     # the sweep after this job's checkpoint (the same sweep command continues: complete runs are skipped).
     record = {"job": hc.job.num, "overrides": overrides, "status": "failed", "exit_code": None, "error": None}
+    from harness.halt import interrupted
+
     code = 0
     try:
         code = run(cfg, dict(hc.runtime.choices), overrides, multirun=True)
-        record.update(status="completed" if code == 0 else "interrupted" if code > 128 else "failed", exit_code=code)
+        record.update(status="completed" if code == 0 else "interrupted" if interrupted(code) else "failed",
+                      exit_code=code)
     except Exception as exc:  # noqa: BLE001  (one failing job must not end the sweep)
         import traceback
 
@@ -137,7 +140,7 @@ def _entry(cfg: DictConfig) -> None:
         log.error("sweep job %s failed: %s: %s", hc.job.num, type(exc).__name__, exc)
     finally:
         _record_sweep_job(hc, record)
-    if code > 128:
+    if interrupted(code):
         log.warning("sweep: job %s was interrupted by a signal; the sweep stops here (exit %d). The same sweep "
                     "command continues it.", hc.job.num, code)
         raise SystemExit(code)
@@ -147,7 +150,7 @@ def _record_sweep_job(hc, record: dict) -> None:
     """<sweep dir>/jobs/<num>.json: the job's overrides, status and run dir (the sweep folder lists its jobs)."""
     from pathlib import Path
 
-    from harness.rundir import atomic_write_json
+    from harness.rundir import MANIFEST, atomic_write_json, read_json
 
     try:
         record["run_dir"] = _run_dir_of(record["overrides"])
@@ -155,7 +158,7 @@ def _record_sweep_job(hc, record: dict) -> None:
         record["run_dir"] = None
     if record["status"] == "completed" and record["run_dir"]:  # exit 0 is also a pause (budget.stop_after_steps)
         try:
-            if json.loads((Path(record["run_dir"]) / "run_manifest.json").read_text()).get("status") == "paused":
+            if read_json(Path(record["run_dir"]) / MANIFEST).get("status") == "paused":
                 record["status"] = "paused"
         except (OSError, ValueError):
             pass

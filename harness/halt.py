@@ -34,6 +34,12 @@ def exit_code(signum: int) -> int:
     return 128 + int(signum)
 
 
+def interrupted(code: int) -> bool:
+    """An exit code of a run stopped by a signal with its checkpoint published (128 + the signal's number), not a
+    failure: the harness's own error codes are below 10."""
+    return code > 128
+
+
 def signal_name(signum: int) -> str:
     return signal.Signals(signum).name
 

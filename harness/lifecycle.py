@@ -19,7 +19,7 @@ from pathlib import Path
 
 from harness import dist
 from harness.errors import ConfigError, HarnessError, Problem, RunDirLocked
-from harness.halt import Halted, signal_name
+from harness.halt import Halted, interrupted, signal_name
 from harness.plan import Plan
 from harness.rundir import COMPLETION, MANIFEST, RunDir, claim, read_json
 
@@ -66,7 +66,7 @@ def run_parent(parent: Plan, poll_s: float = 2.0) -> int:
 
 
 def _check(parent: Plan, code: int) -> int:
-    if code > 128:  # 128 + a signal's number: interrupted with a checkpoint, not failed
+    if interrupted(code):  # with a checkpoint, not failed
         return code
     if code:
         raise RuntimeError(f"the SFT warm start {parent.run_dir} failed (exit {code})")

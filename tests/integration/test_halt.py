@@ -162,6 +162,14 @@ def test_sigusr1_and_the_hang_watchdog_write_stacks_and_the_run_goes_on(tmp_path
     assert list((run / "diagnostics").glob("hang-0-*.txt"))
     assert "no step completed in 0.05 s (train.hang_timeout_s)" in err
     assert verify(run) == []
+    # the dumps and the watchdog change nothing: the same run without them (train.hang_timeout_s is not semantic)
+    plain = tmp_path / "plain"
+    same = run_harness(*ARGS, "arm.init=scratch", f"output_root={plain}", timeout=600, env=ENV)
+    assert same.returncode == 0, same.stderr[-3000:]
+    ref = _grpo_dir(plain)
+    ids = lambda d: [(r["completion_id"], r["tokens"]) for r in read_rows(d / "ledgers/rank-0.jsonl")]  # noqa: E731
+    assert ids(run) == ids(ref) and logged_values(run) == logged_values(ref)
+    assert (run / "final_policy/model.safetensors").read_bytes() == (ref / "final_policy/model.safetensors").read_bytes()
 
 
 def test_every_start_of_a_run_records_its_start_phases(runs):
