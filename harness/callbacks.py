@@ -17,6 +17,7 @@ from transformers.trainer_callback import ProgressCallback
 from harness.accounting import checkpoint as ckpt
 from harness import dist
 from harness.accounting.logs import AppendLog
+from harness.faults import point
 from harness.halt import signal_name
 from harness.rounds import GenerationRound
 
@@ -337,6 +338,7 @@ class CheckpointCallback(TrainerCallback):
         # ("trl_" prefix) is the same on every rank: rank 0's value, not a sum
         totals = {k: mine["totals"][k] if k.startswith("trl_") else sum(e["totals"].get(k, 0) for e in everyone)
                   for k in mine["totals"]}
+        point(f"{self.ctx.plan.kind}.checkpoint")  # tests only (harness.faults): a crash inside the save
         ckpt.publish(
             ckpt_dir, step=step, identity=self.ctx.plan.identity,
             frontier={f"rank-{r}": e["frontier"] for r, e in enumerate(everyone)},

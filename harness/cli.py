@@ -56,18 +56,27 @@ def run_plan(plan) -> int:
     First the directories it writes are created and probed (an unwritable one is a ConfigError, not a traceback)."""
     from harness.rundir import check_writable_dirs
 
-    check_writable_dirs(_dirs(plan))
-    if plan.config["run_mode"] == "smoke":
-        from harness.smoke import smoke
+    from harness.errors import storage_error
 
-        return smoke(plan)
-    from harness.launch import launch, needs_launch
+    dirs = _dirs(plan)
+    check_writable_dirs(dirs)
+    try:
+        if plan.config["run_mode"] == "smoke":
+            from harness.smoke import smoke
 
-    if needs_launch(plan):
-        return launch(plan)
-    from harness.lifecycle import execute
+            return smoke(plan)
+        from harness.launch import launch, needs_launch
 
-    return execute(plan)
+        if needs_launch(plan):
+            return launch(plan)
+        from harness.lifecycle import execute
+
+        return execute(plan)
+    except OSError as exc:  # a full disk, a read-only or unwritable directory mid-run: which field, why, the fix
+        err = storage_error(exc, dirs)
+        if err is None:
+            raise
+        raise err from exc
 
 
 def _dirs(plan) -> dict[str, str]:

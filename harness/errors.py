@@ -125,3 +125,60 @@ class NonFiniteError(HarnessError):
     """More optimizer steps had a non-finite gradient than train.max_nonfinite_steps allows (none was applied)."""
 
     exit_code = 8
+
+
+STORAGE_ERRNOS = {"ENOSPC": "the filesystem is full", "EDQUOT": "the disk quota is used up",
+                  "EROFS": "the filesystem is read-only", "EACCES": "permission denied",
+                  "EPERM": "operation not permitted", "EIO": "an I/O error", "ENOTDIR": "a path component is a file",
+                  "EISDIR": "a directory is where a file goes",
+                  "EEXIST": "a file is where a directory goes"}
+
+
+class StorageError(HarnessError):
+    """A write of the run failed for the filesystem's reason (full, read-only, permission): exit 9. Every write of
+    a run is atomic or bound to a checkpoint, so nothing half-written looks complete; the same command continues."""
+
+    exit_code = 9
+
+    def __init__(self, exc: OSError, dirs: dict[str, str]):
+        import errno
+
+        self.exc = exc
+        name = errno.errorcode.get(exc.errno or 0, str(exc.errno))
+        path = str(exc.filename or "")
+        field, value = _owner(path, dirs)
+        why = f"{path or 'a write'}: {exc.strerror or exc} [{name}]"
+        other = f" (or set {field} to another directory)" if field != "path" else ""
+        if name in ("ENOSPC", "EDQUOT"):
+            fix = f"free space on that filesystem{other}"
+        elif name in ("ENOTDIR", "EISDIR", "EEXIST"):
+            fix = f"move away what is at that path: the run expects the other kind there{other}"
+        elif name == "EIO":
+            fix = f"check that disk (the kernel log says more){other}"
+        else:
+            fix = f"make that directory writable for this user{other}"
+        fix += ", then run the same command (a started run continues from its newest complete checkpoint)"
+        super().__init__(f"StorageError: {STORAGE_ERRNOS.get(name, name)}\n  - {Problem(field, value, why, fix).render()}")
+
+
+def _owner(path: str, dirs: dict[str, str]) -> tuple[str, str]:
+    """The config field whose directory holds `path` (the deepest one), or the path itself."""
+    from pathlib import Path
+
+    best = None
+    for field, d in dirs.items():
+        root = Path(d).expanduser().resolve()
+        try:
+            Path(path).expanduser().resolve().relative_to(root)
+        except ValueError:
+            continue
+        if best is None or len(str(root)) > len(str(Path(dirs[best]).expanduser().resolve())):
+            best = field
+    return (best, dirs[best]) if best else ("path", path)
+
+
+def storage_error(exc: OSError, dirs: dict[str, str]) -> StorageError | None:
+    """The StorageError of a filesystem OSError (full, read-only, permission, ...); None for any other OSError."""
+    import errno
+
+    return StorageError(exc, dirs) if errno.errorcode.get(exc.errno or 0) in STORAGE_ERRNOS else None

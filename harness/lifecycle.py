@@ -19,6 +19,7 @@ from pathlib import Path
 
 from harness import dist
 from harness.errors import ConfigError, HarnessError, Problem, RunDirLocked
+from harness.faults import point
 from harness.halt import Halted, interrupted, signal_name
 from harness.plan import Plan
 from harness.rundir import COMPLETION, MANIFEST, RunDir, claim, read_json
@@ -112,8 +113,11 @@ def execute_one(plan: Plan, parent_s: float = 0.0) -> int:
             return _halted(plan, run, halt)
         except BaseException as exc:
             rank = {"rank": dist.rank()} if dist.is_multi() else {}
-            run.set_status("failed", error={"type": type(exc).__name__, "message": str(exc)[:2000],
-                                            "traceback": traceback.format_exc()[-4000:], **rank})
+            try:
+                run.set_status("failed", error={"type": type(exc).__name__, "message": str(exc)[:2000],
+                                                "traceback": traceback.format_exc()[-4000:], **rank})
+            except OSError as again:  # the disk that failed the run may refuse this write too: the first error wins
+                log.warning("could not record the failure in %s: %s", run.manifest_path, again)
             raise
         if main:
             _summary(plan, completion)
@@ -163,6 +167,7 @@ def _stages(plan: Plan, run: RunDir, parent_s: float, dumps) -> dict | None:
     from harness.trainsets import corpus
 
     started = time.time()
+    point(f"{plan.kind}.start")  # tests only (harness.faults): a crash right after the claim
     quiet_libraries()
     clock.lap("imports")  # torch, transformers and TRL: paid by the first run of a process
     data = dist.main_first(data_stage.prepare, plan.config, run.manifest["identity"]["data"], run_dir=str(run.path),

@@ -17,6 +17,7 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness.faults import point
 from harness.identity import sha256_file
 from harness.rundir import atomic_write_json, fsync_dir, read_json
 
@@ -153,6 +154,7 @@ def save_final_policy(trainer, run_dir: Path, *, base_path: str, plan) -> dict:
                 "files": files,
                 "load": "harness.policy.load_policy(path)  # or PeftModel.from_pretrained / the model class"}
     atomic_write_json(tmp / POLICY_MANIFEST, manifest)
+    point(f"{plan.kind}.final_policy")  # tests only (harness.faults): a crash before the rename
     if final.exists():
         shutil.rmtree(final)
     tmp.rename(final)

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import FieldDiff, ResumeMismatchError, RunDirLocked, RunDirStateError
+from harness.faults import point
 
 MANIFEST = "run_manifest.json"
 COMPLETION = "completion.json"  # written last, by harness.stages.finalize
@@ -65,15 +66,20 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     try:
         os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp makes 0600; the file is a plain shared artifact
         with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
+            fh.write(data[: len(data) // 2])
+            fh.flush()
+            point(f"atomic:{path.name}")  # tests only (harness.faults): a crash or a full disk mid-write
+            fh.write(data[len(data) // 2:])
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
+        if isinstance(exc, OSError) and exc.filename is None:  # a failed write names no file: say which one
+            raise OSError(exc.errno, exc.strerror, str(path)) from exc
         raise
     fsync_dir(path.parent)
 
@@ -164,11 +170,28 @@ def check_writable_dirs(dirs: dict[str, str]) -> None:
             os.close(fd)
             os.unlink(probe)
         except OSError as exc:
+            blocker = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
             where = f" ({exc.filename})" if exc.filename and str(exc.filename) != str(path) else ""
-            problems.append(Problem(key, value, f"cannot be written: {exc.strerror or exc}{where}",
+            why = f"{'it' if blocker == path else blocker} is a file, not a directory" if blocker is not None \
+                else f"cannot be written: {exc.strerror or exc}{where}"
+            problems.append(Problem(key, value, why,
                                     f"set {key} to a directory you can write (it is created when missing)"))
     if problems:
         raise ConfigError(problems)
+
+
+def lock_problem(content: bytes) -> str | None:
+    """Why run.lock's content is not a holder record ({pid, host, started_at}); None when it is one (or empty:
+    a crash between the truncate and the write of a claim)."""
+    if not content.strip():
+        return None
+    try:
+        holder = json.loads(content.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError):
+        return f"holds {len(content)} bytes that are not a holder record (JSON with pid, host, started_at)"
+    if not isinstance(holder, dict) or not {"pid", "host", "started_at"} <= set(holder):
+        return "holds JSON that is not a holder record (pid, host, started_at)"
+    return None
 
 
 def acquire_lock(run_dir: Path) -> int:
@@ -184,6 +207,12 @@ def acquire_lock(run_dir: Path) -> int:
             holder = {}
         os.close(fd)
         raise RunDirLocked(str(run_dir), holder) from None
+    old = os.pread(fd, 4096, 0)
+    if old.strip() and lock_problem(old):
+        import logging
+
+        logging.getLogger("harness").warning("%s: %s; replaced (the lock itself was free)", run_dir / LOCK,
+                                             lock_problem(old))
     payload = json.dumps(holder_info()).encode()
     os.ftruncate(fd, 0)
     os.pwrite(fd, payload, 0)
@@ -228,7 +257,7 @@ def claim(plan, resume: str | None = None) -> RunDir:
         _check_policy(path, policy)  # again, under the lock
         existed = (path / MANIFEST).exists()
         if existed:
-            manifest = read_json(path / MANIFEST)
+            manifest = _read_manifest(path)
             diffs = identity_diffs(manifest.get("identity", {}), plan.identity)
             if diffs:
                 raise ResumeMismatchError(
@@ -247,6 +276,7 @@ def claim(plan, resume: str | None = None) -> RunDir:
                 })
             run = RunDir(path, manifest, resumed=True, _fd=fd)
             atomic_write_json(run.manifest_path, manifest)
+            remove_stale_temp_files(path)  # under the lock: no live writer owns them
             return run
         manifest = {
             "manifest_version": MANIFEST_VERSION,
@@ -271,6 +301,34 @@ def claim(plan, resume: str | None = None) -> RunDir:
             except OSError:
                 pass
         raise
+
+
+def _read_manifest(path: Path) -> dict:
+    try:
+        manifest = read_json(path / MANIFEST)
+    except (ValueError, UnicodeDecodeError) as exc:
+        manifest = exc
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("plan"), dict):
+        why = f"not valid JSON ({manifest})" if isinstance(manifest, Exception) else "not a run manifest"
+        raise RunDirStateError(
+            f"{path / MANIFEST} is {why}: the run's identity and history cannot be read, so it cannot be resumed.\n"
+            f"    fix: restore the file (`python -m harness.verify {path}` lists what else is damaged), or start a "
+            "new run (another output_root)")
+    return manifest
+
+
+def remove_stale_temp_files(run_dir: Path) -> list[str]:
+    """Delete the temp files (.<name>.<random>.tmp) of atomic writes a dead process left half done: they never
+    replaced their target, and verify reports them as torn writes."""
+    stale = sorted(run_dir.rglob(".*.tmp"))
+    for p in stale:
+        p.unlink(missing_ok=True)
+    if stale:
+        import logging
+
+        logging.getLogger("harness").info("removed %d temp file(s) of an interrupted write: %s", len(stale),
+                                          ", ".join(str(p.relative_to(run_dir)) for p in stale[:5]))
+    return [str(p) for p in stale]
 
 
 def _check_policy(path: Path, policy: str) -> None:

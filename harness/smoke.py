@@ -119,10 +119,20 @@ def check_resumed_run(run_dir: Path) -> list[str]:
 
 def install_kill_switch(trainer, plan) -> None:
     """In a smoke child (or a fault test): at the end of the agreed step of the named run, SIGKILL this process
-    (no cleanup, like a crash) or, with HARNESS_SMOKE_KILL_HOW=raise, raise InjectedFault inside training."""
+    (no cleanup, like a crash) or, with HARNESS_SMOKE_KILL_HOW=raise, raise InjectedFault inside training. With
+    HARNESS_FAULT set (harness.faults), the point `<kind>.step` at the end of every optimizer step."""
+    from transformers import TrainerCallback
+
+    from harness import faults
+
+    if faults.armed():
+        class StepPoint(TrainerCallback):
+            def on_step_end(self, args, state, control, **kwargs):
+                faults.point(f"{plan.kind}.step")
+
+        trainer.add_callback(StepPoint())
     if os.environ.get(KILL_RUN_ENV) != plan.run_name:
         return
-    from transformers import TrainerCallback
 
     step = int(os.environ[KILL_STEP_ENV])
     how = os.environ.get(KILL_HOW_ENV, "sigkill")

@@ -52,13 +52,27 @@ def publish(ckpt_dir: Path, *, step: int, identity: dict, frontier: dict, state:
     return manifest
 
 
+def identity_differences(ckpt: dict, run: dict) -> list[str]:
+    """The identity fields in which a checkpoint's manifest and its run's differ (what both record)."""
+    out = []
+    if run.get("semantic_sha256") and ckpt.get("semantic_sha256") != run["semantic_sha256"]:
+        out.append(f"identity.semantic_sha256 {str(ckpt.get('semantic_sha256'))[:12]}, the run's "
+                   f"{run['semantic_sha256'][:12]}")
+    for part, key in (("data", "content_sha256"), ("model", "files_sha256")):
+        mine, theirs = (run.get(part) or {}).get(key), (ckpt.get(part) or {}).get(key)
+        if mine and theirs and mine != theirs:
+            out.append(f"identity.{part}.{key} {theirs[:12]}, the run's {mine[:12]}")
+    return out
+
+
 def step_of(path: Path) -> int | None:
     m = _STEP_RE.search(path.name)
     return int(m.group(1)) if m else None
 
 
-def checkpoint_problems(ckpt_dir: Path, *, deep: bool = True) -> list[str]:
-    """Why a checkpoint does not count (empty when it is complete and intact)."""
+def checkpoint_problems(ckpt_dir: Path, *, deep: bool = True, identity: dict | None = None) -> list[str]:
+    """Why a checkpoint does not count (empty when it is complete and intact). With the run's `identity` (its
+    manifest's), also a checkpoint of another run: another semantic config, dataset or model."""
     mpath = ckpt_dir / CHECKPOINT_MANIFEST
     if not mpath.is_file():
         return [f"{ckpt_dir.name}: no {CHECKPOINT_MANIFEST} (torn: the save did not finish)"]
@@ -66,7 +80,8 @@ def checkpoint_problems(ckpt_dir: Path, *, deep: bool = True) -> list[str]:
         manifest = read_json(mpath)
     except (OSError, ValueError) as exc:
         return [f"{ckpt_dir.name}: unreadable {CHECKPOINT_MANIFEST} ({exc})"]
-    out = []
+    out = [f"{ckpt_dir.name}: {CHECKPOINT_MANIFEST} is of another run ({diff})"
+           for diff in identity_differences(manifest.get("identity") or {}, identity or {})]
     if manifest.get("step") != step_of(ckpt_dir):
         out.append(f"{ckpt_dir.name}: {CHECKPOINT_MANIFEST} says step {manifest.get('step')}")
     for rel, meta in (manifest.get("files") or {}).items():

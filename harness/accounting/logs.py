@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
+from harness import faults
+
 GENESIS = "0" * 64  # chain value of an empty log
 
 
@@ -70,15 +72,26 @@ class AppendLog:
 
     def append(self, row: dict[str, Any]) -> None:
         data = (json.dumps(row, sort_keys=True, separators=(",", ":"), allow_nan=False) + "\n").encode("utf-8")
-        self._fh.write(data)
+        try:
+            if faults.armed():
+                self._fh.write(data[: len(data) // 2])
+                faults.point(f"append:{self.rel_path}")  # tests only: a crash or a full disk mid-row
+                self._fh.write(data[len(data) // 2:])
+            else:
+                self._fh.write(data)
+        except OSError as exc:  # a failed write names no file: say which one
+            raise OSError(exc.errno, exc.strerror, str(self.path)) from exc
         self._hasher.update(data)
         self.offset += len(data)
         self.rows += 1
 
     def flush(self, fsync: bool = False) -> None:
-        self._fh.flush()
-        if fsync:
-            os.fsync(self._fh.fileno())
+        try:
+            self._fh.flush()
+            if fsync:
+                os.fsync(self._fh.fileno())
+        except OSError as exc:  # buffered rows meet a full disk here
+            raise OSError(exc.errno, exc.strerror, str(self.path)) from exc
 
     def frontier(self) -> Frontier:
         """Bind the current position (durably) and start a new segment."""

@@ -12,6 +12,7 @@ from harness import dist
 from harness.accounting.checkpoint import complete_checkpoints
 from harness.accounting.logs import ledger_summary
 from harness.eval import artifact_path
+from harness.faults import point
 from harness.models import imagecache
 from harness.policy import save_final_policy
 from harness.rundir import COMPLETION, RunDir, atomic_write_json, now, read_json
@@ -105,6 +106,7 @@ def write_completion(plan, run, *, ctx, trainer, train_out, evals: dict, wall_s:
     clock.lap("finalize")
     out["phases_s"] = clock.as_dict()
     out["start_phases_s"] = dict(clock.start)  # seconds from this process's start to each phase's end (this write's)
+    point(f"{plan.kind}.completion")  # tests only (harness.faults)
     atomic_write_json(run.path / COMPLETION, out)
     return out
 

@@ -45,10 +45,13 @@ def find(plan, run_dir: Path) -> ResumePoint:
     older one would silently roll the run back (its later checkpoints, ledger rows and metrics orphaned)."""
     from harness.accounting.logs import Frontier, FrontierError, check_frontier
 
+    from harness.rundir import MANIFEST
+
     ckpt.clean_removals(run_dir)
+    identity = read_json(run_dir / MANIFEST)["identity"]
     chosen, skipped = None, []
     for p in reversed(ckpt.list_checkpoints(run_dir)):
-        problems = ckpt.checkpoint_problems(p)
+        problems = ckpt.checkpoint_problems(p, identity=identity)
         if not problems:
             try:
                 for rank_frontier in read_json(p / ckpt.CHECKPOINT_MANIFEST)["frontier"].values():
@@ -62,12 +65,28 @@ def find(plan, run_dir: Path) -> ResumePoint:
             continue
         chosen = p
         break
+    if chosen is None:
+        _check_nothing_damaged(run_dir, skipped)
     manifest = read_json(chosen / ckpt.CHECKPOINT_MANIFEST) if chosen else {}
     _check_ranks(chosen, manifest, run_dir)
     _check_explicit(plan.config.get("resume_from"), chosen)
     if chosen is not None:
         log.info("resuming from %s (newest complete checkpoint)", chosen.name)
     return ResumePoint(chosen, manifest, skipped)
+
+
+def _check_nothing_damaged(run_dir: Path, skipped: list[dict]) -> None:
+    """No checkpoint is usable. When every one is torn (a crash in the first save), the run starts over as it
+    would have anyway; when a published one is damaged, starting over would throw away the run's accounted
+    work (its ledger, trace and metrics are cut to nothing): refuse and say what to do instead."""
+    damaged = [s for s in skipped if (run_dir / ckpt.CHECKPOINTS_DIR / s["checkpoint"] / ckpt.CHECKPOINT_MANIFEST).is_file()]
+    if damaged:
+        raise RunDirStateError(
+            f"no checkpoint of {run_dir} can be resumed, and {len(damaged)} published one(s) are damaged: "
+            + "; ".join(p for s in damaged for p in s["problems"][:3]) + ".\n"
+            f"    fix: restore the damaged files (`python -m harness.verify {run_dir}` lists them); or move "
+            f"{run_dir / ckpt.CHECKPOINTS_DIR} aside to train this run from its start; or start a new run "
+            "(another output_root)")
 
 
 def _check_ranks(chosen: Path | None, manifest: dict, run_dir: Path) -> None:

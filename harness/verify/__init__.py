@@ -74,13 +74,22 @@ def check_no_torn_writes(run_dir: Path, m: dict) -> list[str]:
             for p in run_dir.rglob(".*.tmp")]
 
 
+def check_lock(run_dir: Path, m: dict) -> list[str]:
+    """run.lock holds its last holder's record (or nothing); other bytes there are not the harness's."""
+    from harness.rundir import LOCK, lock_problem
+
+    p = run_dir / LOCK
+    why = lock_problem(p.read_bytes()) if p.is_file() else None
+    return [f"{LOCK}: {why}; fix: delete it when no process runs on this dir (a claim writes a new one)"] if why else []
+
+
 def _training_checks() -> list[Check]:
     from harness.verify.training import CHECKS as TRAINING
 
     return list(TRAINING)
 
 
-CHECKS: list[Check] = [check_manifest_fields, check_identity, check_completion, check_no_torn_writes,
+CHECKS: list[Check] = [check_manifest_fields, check_identity, check_completion, check_no_torn_writes, check_lock,
                        *_training_checks()]
 
 

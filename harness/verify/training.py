@@ -72,7 +72,7 @@ def check_completion_accounting(run_dir: Path, m: dict) -> list[str]:
 def check_checkpoints(run_dir: Path, m: dict) -> list[str]:
     out = []
     for p in list_checkpoints(run_dir):
-        out += checkpoint_problems(p)
+        out += checkpoint_problems(p, identity=m.get("identity") or {})
     for p in complete_checkpoints(run_dir):  # data parallel: every rank holds the same weights and optimizer
         ranks = read_json(p / CHECKPOINT_MANIFEST).get("state_digests") or {}
         for part in ("params", "adapters", "optimizer"):
@@ -134,7 +134,9 @@ def check_evals(run_dir: Path, m: dict) -> list[str]:
 
 
 def check_log_frontiers(run_dir: Path, m: dict) -> list[str]:
-    """A completed run's logs end exactly at the frontier its final (latest complete) checkpoint bound.
+    """Every retained checkpoint's frontiers still hold; a completed run's logs end exactly at the frontier its
+    final (latest complete) checkpoint bound (an unfinished run's rows past its newest checkpoint are the ones
+    the next start rolls back).
 
     For every log a retained checkpoint binds (each rank's ledger and trace, rank 0's metrics): the bytes
     of the frontier's segment still hash to the recorded chain (`check_frontier`), and, for the latest
@@ -147,8 +149,6 @@ def check_log_frontiers(run_dir: Path, m: dict) -> list[str]:
     before the oldest retained segment (e.g. to a ledger's first rows) is caught only by the other checks
     (token sums and counts against completion.json, unique ids, trace/ledger one to one).
     """
-    if m.get("status") != "completed":
-        return []
     ckpts = complete_checkpoints(run_dir)
     out = []
     for i, p in enumerate(ckpts):
@@ -171,7 +171,7 @@ def check_log_frontiers(run_dir: Path, m: dict) -> list[str]:
                                f"restore the original {f.path}, or rerun the job into a new output_root")
                     continue
                 size = (run_dir / f.path).stat().st_size
-                if final and size > f.offset:
+                if final and size > f.offset and m.get("status") == "completed":  # (unfinished: rolled back)
                     out.append(f"{f.path}: {size} bytes, past the final {p.name}'s frontier at {f.offset} bytes "
                                f"({f.rows} rows): rows appended after the final checkpoint are unaccounted; fix: "
                                f"truncate {f.path} to {f.offset} bytes, or rerun the job into a new output_root")

@@ -1,0 +1,68 @@
+"""Fault injection for the fault-matrix tests (tests/integration/test_faults.py); never set outside tests.
+
+    HARNESS_FAULT="<point>[@<n>]:<action>"
+
+makes the n-th time (1-based, default 1) this process reaches the named point do the action:
+
+    kill    SIGKILL this process: a crash, no handler and no cleanup runs
+    enospc  raise OSError(ENOSPC) from the write there, as a full disk would; likewise edquot (quota),
+            erofs (a read-only filesystem), eacces (permission), eio (an I/O error)
+
+The points (`<kind>` is sft or rl: the SFT warm start and the RL run share a process):
+
+    <kind>.start            the run dir is claimed, before its data and model
+    <kind>.step             the end of an optimizer step (before its checkpoint is saved)
+    <kind>.checkpoint       inside a checkpoint save: the Trainer's files written, harness_checkpoint.json not yet
+    <kind>.final_policy     final_policy written to its temp dir, not yet renamed
+    <kind>.completion       before completion.json is written
+    atomic:<file name>      inside an atomic write of that file: half of it is in the temp file (e.g.
+                            atomic:completion.json, atomic:run_manifest.json, atomic:harness_checkpoint.json)
+    append:<log path>       inside an append to that log: half of the row is written (e.g.
+                            append:ledgers/rank-0.jsonl, append:metrics.jsonl)
+
+Unset, `point` costs one environment lookup.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import signal
+
+FAULT_ENV = "HARNESS_FAULT"
+ACTIONS = ("kill", "enospc", "edquot", "erofs", "eacces", "eio")
+_NAMED = re.compile(r"^(sft|rl)\.(start|step|checkpoint|final_policy|completion)$|^(atomic|append):.+$")
+_SPEC = re.compile(r"^(?P<point>[^@]+?)(?:@(?P<n>\d+))?:(?P<action>\w+)$")
+_seen: dict[str, int] = {}
+
+
+def parse(spec: str) -> tuple[str, int, str]:
+    """(point, n, action) of a HARNESS_FAULT value; a ValueError that says what is wrong."""
+    m = _SPEC.match(spec)
+    if not m or not _NAMED.match(m["point"]) or m["action"] not in ACTIONS or m["n"] == "0":
+        raise ValueError(f"{FAULT_ENV}={spec!r}: expected <point>[@<n>]:<action> with a point of harness/faults.py, "
+                         f"n >= 1 and an action in {ACTIONS}")
+    return m["point"], int(m["n"] or 1), m["action"]
+
+
+def armed() -> bool:
+    """Whether a fault is set for this process (a hot path checks this before it splits a write for `point`)."""
+    return bool(os.environ.get(FAULT_ENV))
+
+
+def point(name: str) -> None:
+    """A place where the fault tests crash the process or fill the disk (see the module docstring)."""
+    spec = os.environ.get(FAULT_ENV)
+    if not spec:
+        return
+    target, n, action = parse(spec)
+    if name != target:
+        return
+    _seen[name] = _seen.get(name, 0) + 1
+    if _seen[name] != n:
+        return
+    if action == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    code = getattr(errno, action.upper())
+    raise OSError(code, f"{os.strerror(code)} (injected by {FAULT_ENV}={spec})")

@@ -1,0 +1,380 @@
+"""The fault matrix: a crash (SIGKILL) at many points of the default pipeline, damage to a run dir, a full disk,
+and every filesystem error on the run dir, caches and output_root.
+
+- SIGKILL (harness.faults, HARNESS_FAULT=<point>:kill) at 13 points from the SFT warm start to the write of
+  completion.json: the same command again finishes with a final policy, ledger, trace and logged values identical
+  to the uninterrupted run's, verify clean, no lost or duplicated rows (slow: two launches a point).
+- 11 kinds of damage to an interrupted run dir: each is named by verify and by the resume, which falls back to an
+  intact checkpoint or refuses with what to do (the resume's decision for every kind in the default suite, the
+  whole resumed run for every kind with the slow tests).
+- ENOSPC (and other errnos) injected into the atomic writes and the append logs: exit 9 with the field, the file
+  and the fix, no traceback, nothing half-written that looks complete, and the same command finishes the run
+  identical to the uninterrupted one once the disk has room.
+- A file where output_root, a cache or the run dir should be, a directory where run_manifest.json should be, a
+  directory that cannot be written: exit 2 or 9 with `field = value: why / fix`, no traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+from pathlib import Path
+
+import pytest
+
+from harness.accounting.checkpoint import CHECKPOINT_MANIFEST
+from harness.accounting.logs import read_rows
+from harness.faults import FAULT_ENV, parse
+from harness.verify import verify
+from tests.conftest import logged_values, run_harness
+
+ENV = {"OMP_NUM_THREADS": "1"}  # the same kernels in every run, so a resumed run can match bit for bit
+ARGS = ["debug=tiny"]  # grpo from a 60-step warm start, ~8 steps, a checkpoint every 2, the last 2 kept
+
+
+def _dir(out: Path, arm: str) -> Path:
+    (d,) = [p for p in (out / "runs").iterdir() if p.name.startswith(arm + "-")]
+    return d
+
+
+class Base:
+    """The uninterrupted run every faulted one must equal, and the cache and warm start the faulted ones share."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.cache = [f"data.cache_dir={root}/cache/data", f"model.cache_dir={root}/cache/models"]
+        self.straight = root / "straight"
+        proc = self.run(self.straight)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        self.sft, self.grpo = _dir(self.straight, "sft"), _dir(self.straight, "grpo")
+
+    def run(self, out: Path, *extra: str, fault: str | None = None, timeout: float = 600):
+        env = {**ENV, FAULT_ENV: fault} if fault else ENV
+        return run_harness(*ARGS, f"output_root={out}", *self.cache, *extra, timeout=timeout, env=env)
+
+    def case(self, out: Path, with_parent: bool = True) -> Path:
+        """A fresh output_root, holding a copy of the completed warm start unless the case is about it."""
+        if with_parent:
+            shutil.copytree(self.sft, out / "runs" / self.sft.name)
+        return out
+
+    def assert_same(self, out: Path, arms: tuple[str, ...] = ("grpo",)) -> None:
+        for arm in arms:
+            a, b = (self.grpo, _dir(out, "grpo")) if arm == "grpo" else (self.sft, _dir(out, "sft"))
+            assert verify(b) == [], verify(b)
+            assert json.loads((b / "run_manifest.json").read_text())["status"] == "completed"
+            assert (b / "final_policy/model.safetensors").read_bytes() == \
+                (a / "final_policy/model.safetensors").read_bytes(), f"{arm}: the final weights differ"
+            assert logged_values(b) == logged_values(a), f"{arm}: the logged values differ"
+            steps = [r["step"] for r in read_rows(b / "metrics.jsonl")]
+            assert steps == sorted(set(steps)), f"{arm}: lost or duplicated metrics rows {steps}"
+            ca, cb = (json.loads((d / "completion.json").read_text()) for d in (a, b))
+            assert cb["optimizer_steps"] == ca["optimizer_steps"]
+            if arm == "grpo":
+                for log, key in (("ledgers", "tokens"), ("traces", "reward")):
+                    rows = lambda d: [(r["completion_id"], r[key]) for r in read_rows(d / f"{log}/rank-0.jsonl")]  # noqa: E731
+                    assert rows(b) == rows(a), f"{log} differ"
+                assert cb["realized_completion_tokens"] == ca["realized_completion_tokens"]
+            else:
+                assert cb["realized_loss_tokens"] == ca["realized_loss_tokens"]
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory) -> Base:
+    return Base(tmp_path_factory.mktemp("faults"))
+
+
+# --- the fault hook itself
+
+
+def test_a_malformed_fault_spec_is_refused():
+    assert parse("rl.step@3:kill") == ("rl.step", 3, "kill")
+    assert parse("append:ledgers/rank-0.jsonl:enospc") == ("append:ledgers/rank-0.jsonl", 1, "enospc")
+    for bad in ("rl.stepp:kill", "rl.step@0:kill", "rl.step:explode", "kill", "sft.checkpoint@x:kill"):
+        with pytest.raises(ValueError, match=FAULT_ENV):
+            parse(bad)
+
+
+# --- SIGKILL at points of the default pipeline (slow: two launches each)
+
+KILLS = [
+    # (point, the case holds the completed warm start)
+    ("sft.step@7", False),  # mid warm start (it saves only its final checkpoint: it starts over)
+    ("sft.checkpoint", False),  # inside the warm start's final save (files written, not published)
+    ("sft.final_policy", False),  # the warm start's final_policy written, not renamed
+    ("atomic:completion.json@1", False),  # while the warm start's completion.json is written
+    ("rl.start", True),  # the RL run claimed, nothing else done
+    ("atomic:test-before.json", True),  # while the eval before is written
+    ("rl.step@3", True),  # after an RL step, before its checkpoint
+    ("rl.checkpoint@2", True),  # inside the RL save of checkpoint-4
+    ("append:ledgers/rank-0.jsonl@70", True),  # mid-row of step 3's ledger
+    ("append:metrics.jsonl@5", True),  # mid-row of step 5's metrics
+    ("rl.final_policy", True),  # while final_policy is written
+    ("atomic:test.json", True),  # during the final eval: its artifact half written
+    ("atomic:completion.json", True),  # while the RL run's completion.json is written
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("point, with_parent", KILLS, ids=[k[0] for k in KILLS])
+def test_sigkill_at_a_point_then_the_same_command_equals_the_uninterrupted_run(base, tmp_path, point, with_parent):
+    out = base.case(tmp_path / "out", with_parent)
+    killed = base.run(out, fault=f"{point}:kill")
+    assert killed.returncode == -signal.SIGKILL, f"the run was not killed at {point}: {killed.stderr[-3000:]}"
+    again = base.run(out)
+    assert again.returncode == 0, again.stderr[-4000:]
+    base.assert_same(out, ("grpo",) if with_parent else ("sft", "grpo"))
+
+
+# --- damage to an interrupted run dir: verify names it, the resume falls back or refuses
+
+
+@pytest.fixture(scope="module")
+def killed(base, tmp_path_factory) -> Path:
+    """A run killed at the end of step 5: checkpoints 2 and 4 retained, step 5's rows past the last frontier."""
+    out = base.case(tmp_path_factory.mktemp("killed") / "out")
+    proc = base.run(out, fault="rl.step@5:kill")
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
+    run = _dir(out, "grpo")
+    assert sorted(p.name for p in (run / "checkpoints").glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]
+    return out
+
+
+def _frontier(run: Path, step: int, log: str) -> dict:
+    ckpt = json.loads((run / f"checkpoints/checkpoint-{step}" / CHECKPOINT_MANIFEST).read_text())
+    return ckpt["frontier"]["rank-0"][log]
+
+
+def _rows_between_frontiers(run: Path, log: str, rel: str) -> tuple[list[bytes], int]:
+    """The log's lines and the index of the first one past checkpoint-2's frontier (bound by checkpoint-4's)."""
+    lines = (run / rel).read_bytes().splitlines(keepends=True)
+    lo, hi = _frontier(run, 2, log)["rows"], _frontier(run, 4, log)["rows"]
+    assert hi - lo >= 2, (lo, hi)  # a duplicate of row lo stays inside checkpoint-4's segment
+    return lines, lo
+
+
+def truncate_safetensors(run: Path) -> tuple[str, str]:
+    p = run / "checkpoints/checkpoint-4/model.safetensors"
+    p.write_bytes(p.read_bytes()[: p.stat().st_size // 2])
+    return "checkpoint-4/model.safetensors: size", "checkpoint-2"
+
+
+def flip_an_optimizer_byte(run: Path) -> tuple[str, str]:
+    p = run / "checkpoints/checkpoint-4/optimizer.pt"
+    data = bytearray(p.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    p.write_bytes(bytes(data))
+    return "checkpoint-4/optimizer.pt: sha256 differs", "checkpoint-2"
+
+
+def remove_rng_state(run: Path) -> tuple[str, str]:
+    (run / "checkpoints/checkpoint-4/rng_state.pth").unlink()
+    return "checkpoint-4/rng_state.pth: missing", "checkpoint-2"
+
+
+def empty_trainer_state(run: Path) -> tuple[str, str]:
+    (run / "checkpoints/checkpoint-4/trainer_state.json").write_bytes(b"")
+    return "checkpoint-4/trainer_state.json: size 0", "checkpoint-2"
+
+
+def checkpoint_manifest_of_another_run(run: Path) -> tuple[str, str]:
+    other = json.loads(run_harness(*ARGS, "seed=1", "mode=plan", f"output_root={run.parent}").stdout)
+    p = run / "checkpoints/checkpoint-4" / CHECKPOINT_MANIFEST
+    m = json.loads(p.read_text())
+    m["identity"]["semantic_sha256"] = other["identity"]["semantic_sha256"]
+    p.write_text(json.dumps(m))
+    return "checkpoint-4: harness_checkpoint.json is of another run (identity.semantic_sha256", "checkpoint-2"
+
+
+def cut_the_ledger_mid_row(run: Path) -> tuple[str, str]:
+    lines, i = _rows_between_frontiers(run, "ledger", "ledgers/rank-0.jsonl")
+    (run / "ledgers/rank-0.jsonl").write_bytes(b"".join(lines[:i]) + lines[i][: len(lines[i]) // 2])
+    return "ledgers/rank-0.jsonl: ", "checkpoint-2"
+
+
+def delete_a_trace_row(run: Path) -> tuple[str, str]:
+    lines, i = _rows_between_frontiers(run, "trace", "traces/rank-0.jsonl")
+    (run / "traces/rank-0.jsonl").write_bytes(b"".join(lines[:i] + lines[i + 1:]))
+    return "traces/rank-0.jsonl: ", "checkpoint-2"
+
+
+def duplicate_a_metrics_row(run: Path) -> tuple[str, str]:
+    lines, i = _rows_between_frontiers(run, "metrics", "metrics.jsonl")
+    (run / "metrics.jsonl").write_bytes(b"".join(lines[: i + 1] + lines[i:]))
+    return "metrics.jsonl has duplicate rows", "checkpoint-2"
+
+
+def corrupt_the_run_manifest(run: Path) -> tuple[str, str]:
+    p = run / "run_manifest.json"
+    p.write_bytes(p.read_bytes()[:100])
+    return "run_manifest.json is not valid JSON", "refused: run_manifest.json is not valid JSON"
+
+
+def garbage_in_the_lock(run: Path) -> tuple[str, str]:
+    (run / "run.lock").write_bytes(b"\x00\xffnot a lock record")
+    return "run.lock: holds", "checkpoint-4"
+
+
+def damage_every_checkpoint(run: Path) -> tuple[str, str]:
+    for step in (2, 4):
+        p = run / f"checkpoints/checkpoint-{step}/model.safetensors"
+        data = bytearray(p.read_bytes())
+        data[-1] ^= 0xFF
+        p.write_bytes(bytes(data))
+    return "checkpoint-2/model.safetensors: sha256 differs", "refused: no checkpoint of"
+
+
+DAMAGE = [truncate_safetensors, flip_an_optimizer_byte, remove_rng_state, empty_trainer_state,
+          checkpoint_manifest_of_another_run, cut_the_ledger_mid_row, delete_a_trace_row, duplicate_a_metrics_row,
+          corrupt_the_run_manifest, garbage_in_the_lock, damage_every_checkpoint]
+
+
+def _damaged_copy(killed: Path, tmp_path: Path, damage) -> tuple[Path, Path, str, str]:
+    out = tmp_path / "out"
+    shutil.copytree(killed, out)
+    run = _dir(out, "grpo")
+    assert verify(run) == [], verify(run)  # intact before the damage (step 5's rows past the frontier are fine)
+    found, resumes = damage(run)
+    return out, run, found, resumes
+
+
+@pytest.mark.parametrize("damage", DAMAGE, ids=[d.__name__ for d in DAMAGE])
+def test_damage_is_named_by_verify_and_decided_by_the_resume(base, killed, tmp_path, damage):
+    """The resume's decision (the claim and the resume stage, in process): the checkpoint it falls back to, or
+    its refusal with a fix."""
+    from harness.cli import compose_plan
+    from harness.errors import RunDirStateError
+    from harness.rundir import claim
+    from harness.stages.resume import find
+
+    out, run, found, resumes = _damaged_copy(killed, tmp_path, damage)
+    violations = verify(run)
+    assert any(found in v for v in violations), violations
+    plan = compose_plan([*ARGS, f"output_root={out}", *base.cache])
+    assert plan.run_dir == str(run)
+    if resumes.startswith("refused: "):
+        with pytest.raises(RunDirStateError, match="fix: ") as exc:
+            with claim(plan):
+                find(plan, run)
+        assert resumes.removeprefix("refused: ") in str(exc.value)
+        return
+    with claim(plan):
+        point = find(plan, run)
+    assert point.checkpoint is not None and point.checkpoint.name == resumes
+    if resumes == "checkpoint-2":
+        assert [s["checkpoint"] for s in point.skipped] == ["checkpoint-4"]
+
+
+# the whole resumed run for one kind that falls back and one that refuses in the default suite, every kind slow
+E2E = [pytest.param(d, marks=[] if d in (cut_the_ledger_mid_row, damage_every_checkpoint) else pytest.mark.slow,
+                    id=d.__name__) for d in DAMAGE]
+
+
+@pytest.mark.parametrize("damage", E2E)
+def test_the_same_command_on_a_damaged_run_dir_falls_back_or_refuses(base, killed, tmp_path, damage):
+    out, run, found, resumes = _damaged_copy(killed, tmp_path, damage)
+    proc = base.run(out)
+    assert "Traceback" not in proc.stderr, proc.stderr[-4000:]
+    if resumes.startswith("refused: "):
+        assert proc.returncode == 5, proc.stderr[-3000:]
+        assert resumes.removeprefix("refused: ") in proc.stderr and "fix: " in proc.stderr
+        assert not (run / "completion.json").exists()
+        return
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert f"resuming from {resumes}" in proc.stderr
+    if resumes == "checkpoint-2":
+        assert "skipping checkpoint checkpoint-4" in proc.stderr
+    base.assert_same(out)
+
+
+# --- a full disk (and other errnos) in the atomic writes and the append logs
+
+ENOSPC = [
+    # (point, the case holds the completed warm start)
+    ("atomic:harness_checkpoint.json@1", False),  # the warm start's first checkpoint cannot be published
+    ("append:ledgers/rank-0.jsonl@40", True),  # mid-row, in RL step 2
+    ("append:metrics.jsonl@3", True),
+    ("atomic:harness_checkpoint.json@2", True),  # the RL run's checkpoint-4
+    ("atomic:run_manifest.json@4", True),
+    ("atomic:test.json", True),  # the final eval's artifact
+    ("atomic:completion.json", True),
+]
+FAST_ENOSPC = {"append:ledgers/rank-0.jsonl@40", "atomic:completion.json"}
+
+
+@pytest.mark.parametrize("point, with_parent", [
+    pytest.param(p, w, id=p, marks=[] if p in FAST_ENOSPC else pytest.mark.slow) for p, w in ENOSPC])
+def test_a_full_disk_fails_clearly_and_the_run_resumes_once_there_is_room(base, tmp_path, point, with_parent):
+    out = base.case(tmp_path / "out", with_parent)
+    full = base.run(out, fault=f"{point}:enospc")
+    assert full.returncode == 9, full.stderr[-4000:]
+    assert "Traceback" not in full.stderr, full.stderr[-4000:]
+    assert "StorageError: the filesystem is full" in full.stderr
+    assert f"output_root = '{out}': {out}/runs/" in full.stderr and "[ENOSPC]" in full.stderr, full.stderr[-2000:]
+    assert "fix: free space on that filesystem" in full.stderr
+    failed = _dir(out, "grpo" if with_parent else "sft")
+    m = json.loads((failed / "run_manifest.json").read_text())
+    assert m["status"] == "failed" and m["error"]["type"] == "OSError", m["status"]
+    assert not (failed / "completion.json").exists()
+    assert not list(out.rglob(".*.tmp")), "a temp file of the failed write was left behind"
+    again = base.run(out)
+    assert again.returncode == 0, again.stderr[-4000:]
+    base.assert_same(out, ("grpo",) if with_parent else ("sft", "grpo"))
+
+
+@pytest.mark.parametrize("action, words", [("erofs", "make that directory writable"), ("eio", "check that disk")])
+def test_other_write_errors_name_their_fix(base, tmp_path, action, words):
+    out = base.case(tmp_path / "out")
+    proc = base.run(out, fault=f"atomic:run_manifest.json@2:{action}")
+    assert proc.returncode == 9 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert f"[{action.upper()}]" in proc.stderr and f"fix: {words}" in proc.stderr
+
+
+# --- filesystem errors on output_root, the caches and the run dir, before any work
+
+
+def test_a_file_where_a_directory_goes_is_named_with_its_field(base, tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory")
+    cases = [([f"output_root={blocker}/out"], 2, f"output_root = '{blocker}/out': {blocker} is a file, not a directory"),
+             ([f"output_root={tmp_path}/o", f"data.cache_dir={blocker}"], 2,
+              f"data.cache_dir = '{blocker}': it is a file, not a directory"),
+             ([f"output_root={tmp_path}/o", f"model.cache_dir={blocker}/m"], 2,
+              f"model.cache_dir = '{blocker}/m': {blocker} is a file, not a directory")]
+    for args, code, line in cases:
+        proc = run_harness(*ARGS, *args, timeout=120)
+        assert proc.returncode == code and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+        assert line in proc.stderr, proc.stderr[-2000:]
+        assert "fix: set " in proc.stderr
+    assert not list(tmp_path.glob("**/runs/*"))
+
+
+def test_a_run_dir_or_manifest_of_the_wrong_kind_is_a_storage_error(base, tmp_path):
+    out = tmp_path / "out"
+    run_dir = Path(json.loads(run_harness(*ARGS, "arm=sft", "mode=plan", f"output_root={out}").stdout)["run_dir"])
+    run_dir.parent.mkdir(parents=True)
+    run_dir.write_text("a file where the run dir goes")
+    proc = base.run(out, "arm=sft", timeout=120)
+    assert proc.returncode == 9 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert f"output_root = '{out}': {run_dir}: File exists [EEXIST]" in proc.stderr
+    assert "fix: move away what is at that path" in proc.stderr
+    run_dir.unlink()
+    (run_dir / "run_manifest.json").mkdir(parents=True)
+    proc = base.run(out, "arm=sft", timeout=120)
+    assert proc.returncode == 9 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "run_manifest.json: Is a directory [EISDIR]" in proc.stderr
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a read-only directory")
+def test_a_directory_that_cannot_be_written_is_named_with_its_field(base, tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    try:
+        proc = run_harness(*ARGS, f"output_root={ro}/out", timeout=120)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+        assert f"output_root = '{ro}/out': cannot be written: Permission denied" in proc.stderr
+    finally:
+        ro.chmod(0o755)
