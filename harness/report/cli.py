@@ -17,7 +17,7 @@ from harness.errors import HarnessError
 from harness.report.budget import run_row, verdict
 from harness.report.compare import (Group, build_groups, data_key, describe_key, jsonable_fields, model_key, paired,
                                     resolve_baseline)
-from harness.report.runs import Run, budget_kind, discover, read_run
+from harness.report.runs import Run, budget_kind, discover, read_run, starts
 from harness.rundir import atomic_write_bytes
 
 SOURCE_TEXT = {"sweep": "a sweep folder: the runs its jobs/<n>.json point at",
@@ -89,7 +89,7 @@ def _group_json(g: Group, plots: dict, budget_rows: list[dict] | None = None) ->
         "conditions": [{
             "label": c.label, "arm": c.arm, "fields": jsonable_fields(c.fields), "warm_start": c.warm_start,
             "seeds": c.seeds, "budget_kind": budget_kind(c.runs[0]),
-            "runs": [{"seed": r.seed, "run": r.name, "path": str(r.path)} for r in c.runs],
+            "runs": [{"seed": r.seed, "run": r.name, "path": str(r.path), "starts": starts(r)} for r in c.runs],
             "duplicates": [{"seed": r.seed, "run": r.name, "path": str(r.path)} for r in c.duplicates],
             "metrics": {k: v for k, v in c.summary.items() if k != "stopped_by"},
             "stopped_by": c.summary["stopped_by"],

@@ -40,6 +40,7 @@ TRAIN_METRICS = [
     ("budget/fraction", "% of ceiling"),
     ("train/optimizer_steps", "optimizer steps"),
     ("perf/wall_time_s", "wall time (s)"),
+    ("perf/first_step_s", "first step at (s)"),
 ]
 PAIRED_METRICS = [k for k, _ in EVAL_METRICS if k != "eval/accuracy_before"] + ["train/reward_last10pct"]
 METRIC_TITLES = dict(EVAL_METRICS + TRAIN_METRICS)

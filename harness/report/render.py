@@ -19,7 +19,7 @@ def _num(key: str, v: float, signed: bool = False) -> str:
         return f"{v:{sign},.0f}"
     if key == "train/optimizer_steps":
         return f"{v:{sign}.0f}" if float(v).is_integer() else f"{v:{sign}.1f}"
-    if key == "perf/wall_time_s":
+    if key in ("perf/wall_time_s", "perf/first_step_s"):
         return f"{v:{sign}.1f}"
     return f"{v:{sign}.3f}"
 
@@ -95,9 +95,9 @@ def _group(rep: dict, g: dict) -> list[str]:
     for c in conds:
         stopped = ", ".join(f"{k} ×{v}" for k, v in c["stopped_by"].items()) or DASH
         rows.append([c["label"], c["budget_kind"]] + [cell(k, c["metrics"][k]) for k, _ in TRAIN_METRICS[:5]]
-                    + [stopped, cell("perf/wall_time_s", c["metrics"]["perf/wall_time_s"])])
-    out += _table(["condition", "budget kind"] + [t for _, t in TRAIN_METRICS[:5]] + ["stopped by", "wall time (s)"],
-                  rows)
+                    + [stopped] + [cell(k, c["metrics"][k]) for k in ("perf/wall_time_s", "perf/first_step_s")])
+    out += _table(["condition", "budget kind"] + [t for _, t in TRAIN_METRICS[:5]]
+                  + ["stopped by", "wall time (s)", "first step at (s)"], rows)
     out += _budget_section(g, h)
     out += ["", f"{h} Paired comparison vs baseline", ""]
     if g["baseline"] is None:
@@ -126,7 +126,7 @@ def _group(rep: dict, g: dict) -> list[str]:
         out.append(f"- **{c['label']}**: arm `{c['arm']}`" + (f"; differs in {fields}" if fields else "")
                    + ("; SFT warm start of RL runs in this report" if c["warm_start"] else ""))
         for r in c["runs"]:
-            out.append(f"  - seed {r['seed']}: `{r['run']}`")
+            out.append(f"  - seed {r['seed']}: `{r['run']}`{_starts(r.get('starts') or [])}")
         for r in c["duplicates"]:
             out.append(f"  - seed {r['seed']} again: `{r['run']}` (a second run of this seed: listed, not averaged)")
     out += ["", f"{h} Plots", ""]
@@ -142,6 +142,13 @@ def _group(rep: dict, g: dict) -> list[str]:
         out.append("SFT conditions are not in the budget plot: they train on a loss-token budget and sample no "
                    "completion tokens (their loss tokens are in the table above).")
     return out
+
+
+def _starts(starts: list[dict]) -> str:
+    """'; 2 starts, first step at 14.9 s, 3.1 s' (each start's seconds to its first optimizer step)."""
+    firsts = [s.get("seconds", {}).get("first_step") for s in starts]
+    shown = ", ".join(f"{v:.1f} s" if isinstance(v, (int, float)) else "none" for v in firsts)
+    return f"; {len(starts)} start{'s' if len(starts) != 1 else ''}, first step at {shown}" if starts else ""
 
 
 def _stopped_cell(r: dict) -> str:

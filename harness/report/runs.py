@@ -326,9 +326,16 @@ def run_metrics(run: Run) -> dict[str, float | None]:
     m["budget/fraction"] = tokens / ceiling if tokens is not None and ceiling else None
     m["train/optimizer_steps"] = _get(c, "optimizer_steps")
     m["perf/wall_time_s"] = _get(c, "wall_time_s")
+    m["perf/first_step_s"] = _get(c, "start_phases_s", "first_step")  # the cold start of the process that finished
     if run.curve is not None and "realized_completion_tokens" in c and sum(run.curve["tokens"]) != tokens:
         run.notes.append(f"ledger tokens sum to {sum(run.curve['tokens'])}, completion.json says {int(tokens)}")
     return m
+
+
+def starts(run: Run) -> list[dict]:
+    """Every process start of the run (resumes included) with its start phases: seconds from that start to the
+    end of imports, data, model, the first optimizer step, ... (the manifest's `start_phases`)."""
+    return [s for s in run.manifest.get("start_phases") or [] if isinstance(s, dict)]
 
 
 def budget_kind(run: Run) -> str:

@@ -404,3 +404,26 @@ def test_torch_free_subprocess(basic):
     assert not any(line.rsplit("|", 1)[-1].strip().split(".")[0] == "datasets"
                    for line in proc.stderr.splitlines() if "|" in line)
     assert "report.md" in proc.stdout
+
+
+def test_start_phases_per_run_and_time_to_first_step_per_condition(tmp_path):
+    """The cold start is visible: the time to the first optimizer step of the process that finished each run (a
+    condition's mean over seeds), and every start of each run (a resumed run has several)."""
+    root = tmp_path / "out"
+    firsts = {0: [14.9, 3.25], 1: [12.0]}  # seed 0 was resumed once
+    for seed, seconds in firsts.items():
+        run = make_run(root, "grpo", seed, 0.5 + 0.1 * seed, before=0.4)
+        m = json.loads((run / "run_manifest.json").read_text())
+        m["start_phases"] = [{"pid": 1 + i, "started_at": "t", "seconds": {"imports": 3.0, "first_step": s}}
+                             for i, s in enumerate(seconds)]
+        _write(run / "run_manifest.json", m)
+        comp = json.loads((run / "completion.json").read_text())
+        comp["start_phases_s"] = {"imports": 3.0, "first_step": seconds[-1]}
+        _write(run / "completion.json", comp)
+    rep, md = build_report(root)
+    g = _cond(rep, "grpo")
+    assert g["metrics"]["perf/first_step_s"]["mean"] == pytest.approx((3.25 + 12.0) / 2)
+    assert [r["starts"][-1]["seconds"]["first_step"] for r in g["runs"]] == [3.25, 12.0]
+    text = md.read_text()
+    assert "first step at (s)" in text
+    assert "; 2 starts, first step at 14.9 s, 3.2 s" in text and "; 1 start, first step at 12.0 s" in text
