@@ -162,19 +162,13 @@ class StorageError(HarnessError):
 
 
 def _owner(path: str, dirs: dict[str, str]) -> tuple[str, str]:
-    """The config field whose directory holds `path` (the deepest one), or the path itself."""
+    """The config field whose directory holds `path` (the innermost one), or ("path", path)."""
     from pathlib import Path
 
-    best = None
-    for field, d in dirs.items():
-        root = Path(d).expanduser().resolve()
-        try:
-            Path(path).expanduser().resolve().relative_to(root)
-        except ValueError:
-            continue
-        if best is None or len(str(root)) > len(str(Path(dirs[best]).expanduser().resolve())):
-            best = field
-    return (best, dirs[best]) if best else ("path", path)
+    target = Path(path).expanduser().resolve()
+    roots = {f: Path(d).expanduser().resolve() for f, d in dirs.items()}
+    holders = sorted((len(r.parts), f) for f, r in roots.items() if target.is_relative_to(r))
+    return (holders[-1][1], dirs[holders[-1][1]]) if path and holders else ("path", path)
 
 
 def storage_error(exc: OSError, dirs: dict[str, str]) -> StorageError | None:

@@ -17,6 +17,7 @@ import copy
 import datetime as dt
 import fcntl
 import json
+import logging
 import os
 import socket
 import tempfile
@@ -28,6 +29,7 @@ from harness.errors import FieldDiff, ResumeMismatchError, RunDirLocked, RunDirS
 from harness.faults import point
 
 MANIFEST = "run_manifest.json"
+log = logging.getLogger("harness")
 COMPLETION = "completion.json"  # written last, by harness.stages.finalize
 
 
@@ -207,12 +209,9 @@ def acquire_lock(run_dir: Path) -> int:
             holder = {}
         os.close(fd)
         raise RunDirLocked(str(run_dir), holder) from None
-    old = os.pread(fd, 4096, 0)
-    if old.strip() and lock_problem(old):
-        import logging
-
-        logging.getLogger("harness").warning("%s: %s; replaced (the lock itself was free)", run_dir / LOCK,
-                                             lock_problem(old))
+    why = lock_problem(os.pread(fd, 4096, 0))
+    if why:
+        log.warning("%s: %s; replaced (the lock itself was free)", run_dir / LOCK, why)
     payload = json.dumps(holder_info()).encode()
     os.ftruncate(fd, 0)
     os.pwrite(fd, payload, 0)
@@ -324,10 +323,8 @@ def remove_stale_temp_files(run_dir: Path) -> list[str]:
     for p in stale:
         p.unlink(missing_ok=True)
     if stale:
-        import logging
-
-        logging.getLogger("harness").info("removed %d temp file(s) of an interrupted write: %s", len(stale),
-                                          ", ".join(str(p.relative_to(run_dir)) for p in stale[:5]))
+        log.info("removed %d temp file(s) of an interrupted write: %s", len(stale),
+                 ", ".join(str(p.relative_to(run_dir)) for p in stale[:5]))
     return [str(p) for p in stale]
 
 

@@ -100,6 +100,7 @@ def test_accelerate_launch_two_ranks(tmp_path, arm, extra):
         sum(r["trained_loss_tokens"] for r in sft["ranks"])
 
 
+@pytest.mark.slow  # the default suite stays near 15 min; accelerate launch of 2 ranks stays
 def test_driver_form_and_resume_after_a_kill(tmp_path):
     """`python -m harness placement=ddp placement.num_processes=2`: Hydra in this process, the ranks in an
     accelerate child. Killed (SIGKILL, every rank) in the step after checkpoint 2 and run again: both ranks'

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
 from harness.accounting.logs import read_rows
@@ -29,6 +30,7 @@ def _applied_updates(ckpt: Path) -> tuple[int, int]:
     return int(next(iter(opt["state"].values()))["step"]), int(sched["last_epoch"])
 
 
+@pytest.mark.slow  # the default suite stays near 15 min; the stop over the limit stays
 def test_nonfinite_steps_are_skipped_counted_and_the_count_survives_resume(tmp_path):
     out = tmp_path / "out"
     first = run_harness(*ARGS, f"output_root={out}", "budget.stop_after_steps=4", env={NONFINITE_TEST_ENV: "3"},

@@ -139,7 +139,8 @@ def killed_after_step_5(tmp_path_factory):
     return root, run
 
 
-@pytest.mark.parametrize("kind", ["digest", *(pytest.param(k, marks=pytest.mark.slow) for k in ("torn", "missing_optimizer"))])
+@pytest.mark.slow  # the damage matrix of the default suite: tests/integration/test_faults.py
+@pytest.mark.parametrize("kind", ["digest", "torn", "missing_optimizer"])
 def test_corrupted_checkpoint_is_skipped_by_name_and_reported(killed_after_step_5, tmp_path, kind):
     root, run = killed_after_step_5
     out = tmp_path / "out"
@@ -158,6 +159,7 @@ def test_corrupted_checkpoint_is_skipped_by_name_and_reported(killed_after_step_
     assert steps == list(range(1, steps[-1] + 1))  # rolled back to step 2, no duplicate rows
 
 
+@pytest.mark.slow  # the default suite stays near 15 min; damage: test_faults.py
 def test_explicit_older_checkpoint_is_refused(killed_after_step_5, tmp_path):
     root, run = killed_after_step_5
     out = tmp_path / "out"
@@ -168,6 +170,7 @@ def test_explicit_older_checkpoint_is_refused(killed_after_step_5, tmp_path):
     assert proc.returncode == 5 and "silently roll the run back" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow  # the default suite stays near 15 min; a changed dataset stays
 def test_changed_model_files_are_refused_with_a_diff(killed_after_step_5, tmp_path):
     root, run = killed_after_step_5
     out = tmp_path / "out"

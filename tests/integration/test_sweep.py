@@ -96,6 +96,7 @@ def test_a_failing_job_is_recorded_the_others_complete_and_the_report_lists_it(t
     assert "budget.max_steps=0" in failed and "exit" in failed.lower()
 
 
+@pytest.mark.slow  # the default suite stays near 15 min; the basic launcher stays
 def test_joblib_jobs_share_the_warm_start_and_a_crash_mid_training_spares_the_other_job(tmp_path):
     """Hydra's joblib launcher, two jobs in parallel sharing one SFT warm start; the grpo job raises inside
     training (end of step 3, after checkpoint 2). The papo job completes, the sweep records the crash (exit 1, the

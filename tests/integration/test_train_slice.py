@@ -331,6 +331,7 @@ def test_completion_records_phase_times_and_the_summary_shows_them(grpo_run):
     assert comp["image_cache"]["hits"] > 0
 
 
+@pytest.mark.slow  # the default suite stays near 15 min; the reuse itself stays
 def test_eval_before_is_recomputed_when_the_warm_start_was_evaluated_otherwise(tmp_path):
     """The SFT warm start was evaluated with another batch size (a setting that changes the padding, so not the
     same evaluation; not semantic, so the same warm start): the next GRPO run evaluates its init itself."""

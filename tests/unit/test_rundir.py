@@ -39,15 +39,15 @@ def start_holder(tmp_path, *overrides):
 
 
 def test_second_claimant_is_refused_naming_the_holder_and_a_killed_holder_does_not_block(plan_of, tmp_path):
-    holder = start_holder(tmp_path)
+    holder = start_holder(tmp_path, "arm=sft")  # no warm start: the CLI below meets the lock at once
     try:
-        plan = plan_of(f"output_root={tmp_path}")
+        plan = plan_of(f"output_root={tmp_path}", "arm=sft")
         with pytest.raises(RunDirLocked) as err:
             rundir.claim(plan)
         assert err.value.holder["pid"] == holder.pid
         assert f"pid={holder.pid}" in str(err.value) and "host=" in str(err.value)
         # the CLI says the same, without a traceback
-        proc = run_harness(f"output_root={tmp_path}")
+        proc = run_harness(f"output_root={tmp_path}", "arm=sft")
         assert proc.returncode == 3 and f"pid={holder.pid}" in proc.stderr and "Traceback" not in proc.stderr
     finally:
         holder.send_signal(signal.SIGKILL)
@@ -154,3 +154,39 @@ def test_verify_on_a_non_run_dir(tmp_path):
     assert "is missing" in verify(tmp_path)[0]
     proc = run_harness(str(tmp_path / "nope"), module="harness.verify")
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("err, words", [
+    (PermissionError(13, "Permission denied"), "cannot be written: Permission denied"),
+    (OSError(30, "Read-only file system"), "cannot be written: Read-only file system"),
+    (OSError(28, "No space left on device"), "cannot be written: No space left on device"),
+])
+def test_a_directory_that_refuses_the_write_probe_is_named_with_its_field(tmp_path, monkeypatch, err, words):
+    """Read-only, permission, full: what the OS says about the probe file, before any work (portable: root
+    writes into a chmod-ed directory, so the probe is made to fail as such a directory would)."""
+    from harness.errors import ConfigError
+
+    def refuse(*a, **k):
+        raise err
+
+    monkeypatch.setattr(rundir.tempfile, "mkstemp", refuse)
+    with pytest.raises(ConfigError) as exc:
+        rundir.check_writable_dirs({"output_root": str(tmp_path / "out"), "data.cache_dir": str(tmp_path / "c")})
+    text = str(exc.value)
+    assert f"output_root = '{tmp_path / 'out'}': {words}" in text and "data.cache_dir = " in text
+    assert "fix: set output_root to a directory you can write" in text
+
+
+def test_storage_errors_name_the_owning_field_the_file_and_the_fix(tmp_path):
+    from harness.errors import StorageError, storage_error
+
+    dirs = {"output_root": str(tmp_path / "out"), "data.cache_dir": str(tmp_path / "out/cache/data")}
+    full = storage_error(OSError(28, "No space left on device", str(tmp_path / "out/cache/data/x.json")), dirs)
+    assert isinstance(full, StorageError) and full.exit_code == 9
+    assert f"data.cache_dir = '{tmp_path / 'out/cache/data'}': {tmp_path}/out/cache/data/x.json: No space left" \
+        in str(full) and "[ENOSPC]" in str(full) and "fix: free space on that filesystem" in str(full)
+    ro = storage_error(OSError(30, "Read-only file system", str(tmp_path / "out/runs/r/m.json")), dirs)
+    assert "output_root = " in str(ro) and "fix: make that directory writable" in str(ro)
+    elsewhere = storage_error(OSError(13, "Permission denied", "/etc/x"), dirs)
+    assert "path = '/etc/x'" in str(elsewhere) and "(or set" not in str(elsewhere)
+    assert storage_error(FileNotFoundError(2, "No such file or directory", "/x"), dirs) is None  # a bug, not the disk
