@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from transformers import TrainerCallback
@@ -42,7 +42,7 @@ class RunContext:
     halted: dict | None = None  # a planned stop after a step: {"status", "step", "signum"} (harness.halt)
     nonfinite_steps: int = 0  # optimizer steps skipped for a non-finite gradient (NonFiniteCallback), all of the run
     nonfinite_abort: list | None = None  # the skipped steps of this process, once over train.max_nonfinite_steps
-    started: float = field(default_factory=time.time)
+    step_clock: tuple[float, int] | None = None  # (time, global_step) when this process's first step began
 
     @property
     def rl(self) -> bool:
@@ -240,8 +240,9 @@ def console_line(step: int, max_steps: int, logs: dict, ctx: RunContext) -> str:
         parts.append(f"tokens {used}/{budget} ({100 * used / budget:.0f}%)")
     elif ctx.loss_tokens:
         parts.append(f"epoch prefix of {ctx.loss_tokens} loss tokens (cap {ctx.plan.budget['loss_token_ceiling']})")
-    elapsed = time.time() - ctx.started
-    parts.append(f"{elapsed / max(step, 1):.2f} s/step")
+    if ctx.step_clock is not None:  # training only: not the data, model build or eval before, nor earlier starts
+        t0, first = ctx.step_clock
+        parts.append(f"{(time.time() - t0) / max(step - first, 1):.2f} s/step")
     return " | ".join(parts)
 
 
@@ -251,6 +252,11 @@ class MetricsCallback(TrainerCallback):
     def __init__(self, ctx: RunContext, console: bool = True):
         self.ctx, self.console = ctx, console
         self.last_logged_step = -1
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if self.ctx.step_clock is None:  # (on_train_begin comes before a resumed state is loaded)
+            self.ctx.step_clock = (time.time(), state.global_step)
+        return control
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         logs = dict(logs or {})

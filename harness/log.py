@@ -9,10 +9,24 @@ import sys
 log = logging.getLogger("harness")
 
 
+class BarSafeHandler(logging.StreamHandler):
+    """A line goes above a live tqdm progress bar (tqdm.write: the bar is cleared, the line written, the bar
+    redrawn) instead of being glued to the end of the bar's line. tqdm is looked up, never imported here."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        tqdm_mod = sys.modules.get("tqdm")
+        if tqdm_mod is None or not getattr(tqdm_mod.tqdm, "_instances", None):
+            return super().emit(record)
+        try:
+            tqdm_mod.tqdm.write(self.format(record), file=self.stream)
+        except Exception:  # noqa: BLE001  (logging's contract: report, never raise)
+            self.handleError(record)
+
+
 def setup_logging() -> None:
     if log.handlers:
         return
-    handler = logging.StreamHandler(sys.stderr)
+    handler = BarSafeHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("[harness] %(message)s"))
     log.addHandler(handler)
     log.setLevel(logging.INFO)
