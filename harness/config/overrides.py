@@ -274,7 +274,12 @@ def group_problems(ov) -> list[Problem]:
         return [Problem(group, None, "a config group takes an option name, not null",
                         f"leave {group} out for its default, or drop it with ~{group}")]
     try:
-        values = list(ov.sweep_string_iterator()) if ov.is_sweep_override() else [ov.get_value_element_as_str()]
+        if ov.is_sweep_override():
+            values = list(ov.sweep_string_iterator())
+        elif isinstance(ov.value(), list):  # several options of one group (logger=[tensorboard,wandb])
+            values = [str(v) for v in ov.value()]
+        else:
+            values = [ov.get_value_element_as_str()]
     except Exception:  # noqa: BLE001  (a glob or an interpolation: Hydra resolves it)
         return []
     return [_option_problem(group, v, opts) for v in values if v not in opts]

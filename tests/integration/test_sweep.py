@@ -139,7 +139,7 @@ def test_joblib_jobs_share_the_warm_start_and_a_crash_mid_training_spares_the_ot
 def test_jobs_in_one_process_get_their_own_wandb_and_tensorboard_runs(tmp_path):
     """The basic launcher runs every job in one process: W&B caches its settings process-wide and TRL leaves
     its run open, so without closing them the second job logged into the first job's run dir."""
-    proc = run_harness("-m", "arm=sft", "debug=tiny", "logger=wandb", "logger.tensorboard=true", "seed=0,1",
+    proc = run_harness("-m", "arm=sft", "debug=tiny", "logger=[wandb,tensorboard]", "seed=0,1",
                        "budget.max_steps=3", f"output_root={tmp_path}", env={"WANDB_MODE": "offline"}, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     runs = sorted((tmp_path / "runs").iterdir())

@@ -154,3 +154,13 @@ def test_placement_combinations_refused_on_a_gpu_node(gpu_node, plan_of, overrid
 ])
 def test_placement_combinations_accepted_on_a_gpu_node(gpu_node, plan_of, overrides):
     assert plan_of(*overrides).config["placement"]["kind"] in ("fsdp", "deepspeed")
+
+
+@pytest.mark.parametrize("sinks", ["[tensorboard,wandb]", "[wandb,tensorboard]"])
+def test_a_list_of_loggers_turns_on_every_sink(compose_cfg, sinks):
+    """Each logger option sets only its own flag over the schema (the schema is the root's, not each option's):
+    a list of options keeps every sink on (it used to keep only the last)."""
+    cfg, _ = compose_cfg(f"logger={sinks}")
+    assert cfg.logger.tensorboard is True and cfg.logger.wandb is True and cfg.logger.wandb_mode == "offline"
+    one, _ = compose_cfg("logger=tensorboard")
+    assert one.logger.tensorboard is True and one.logger.wandb is False

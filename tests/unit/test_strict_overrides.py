@@ -86,6 +86,7 @@ def test_multirun_job_with_an_added_unknown_key_is_a_recorded_failed_job(tmp_pat
 @pytest.mark.parametrize("args, field, fix", [
     (["arm.lamda_direction=0.1,0.2"], "arm.lamda_direction", "did you mean arm.lambda_direction?"),
     (["arm=grpo,grppo"], "arm", "did you mean arm=grpo?"),
+    (["logger=[wandb,tensorbord]"], "logger", "did you mean logger=tensorboard?"),  # a list of options
 ], ids=lambda v: " ".join(v) if isinstance(v, list) else None)
 def test_multirun_that_no_job_could_compose_is_refused_before_it_starts(tmp_path, args, field, fix):
     proc = run_harness("-m", "mode=plan", f"output_root={tmp_path}", "seed=0,1", *args)
