@@ -97,6 +97,7 @@ def execute_one(plan: Plan, parent_s: float = 0.0) -> int:
         if err is not None:
             raise err
         return outcome["code"]
+    failed = True  # until the stages return or stop as planned: the W&B run's exit code
     try:
         if outcome["status"] == "completed":
             if main:
@@ -109,7 +110,9 @@ def execute_one(plan: Plan, parent_s: float = 0.0) -> int:
         _announce(plan, run)
         try:
             completion = run_stages(plan, run, parent_s=parent_s)
+            failed = False
         except Halted as halt:  # a planned stop: its checkpoint is published, the same command continues
+            failed = False
             return _halted(plan, run, halt)
         except BaseException as exc:
             rank = {"rank": dist.rank()} if dist.is_multi() else {}
@@ -123,6 +126,9 @@ def execute_one(plan: Plan, parent_s: float = 0.0) -> int:
             _summary(plan, completion)
         return 0
     finally:
+        from harness.trackers import finish
+
+        finish(failed=failed)  # a W&B run ends with its run (completed, stopped or failed)
         if run is not None:
             run.release()
 

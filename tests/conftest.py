@@ -113,3 +113,34 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason="needs a CUDA device (marker gpu)"))
         if "network" in item.keywords and os.environ.get("HARNESS_NETWORK") != "1":
             item.add_marker(pytest.mark.skip(reason="needs network access; set HARNESS_NETWORK=1 (marker network)"))
+
+
+def wandb_run_record(path: Path) -> dict:
+    """What a W&B offline run file (`run-<id>.wandb`, LevelDB-log framed protobuf records) says of the run: name,
+    group, tags, top-level config keys, the summary (JSON-decoded) and the exit code."""
+    import json
+
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    data, pos, block, buf = path.read_bytes(), 7, 32768, b""  # a 7-byte file header, then 32 KiB blocks
+    out = {"config_keys": [], "summary": {}, "exit_code": None}
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # a block's tail too short for a record header is padding
+            pos += block - pos % block
+            continue
+        length, kind = int.from_bytes(data[pos + 4:pos + 6], "little"), data[pos + 6]
+        chunk, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
+        buf = chunk if kind in (1, 2) else buf + chunk  # FULL, FIRST | MIDDLE, LAST
+        if kind not in (1, 4):
+            continue
+        r = pb.Record()
+        r.ParseFromString(buf)
+        which = r.WhichOneof("record_type")
+        if which == "run":
+            out.update(name=r.run.display_name, group=r.run.run_group, tags=list(r.run.tags))
+            out["config_keys"] += [i.key for i in r.run.config.update]
+        elif which == "summary":
+            out["summary"].update({i.key: json.loads(i.value_json) for i in r.summary.update})
+        elif which == "exit":
+            out["exit_code"] = r.exit.exit_code
+    return out

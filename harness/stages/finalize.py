@@ -108,6 +108,10 @@ def write_completion(plan, run, *, ctx, trainer, train_out, evals: dict, wall_s:
     out["start_phases_s"] = dict(clock.start)  # seconds from this process's start to each phase's end (this write's)
     point(f"{plan.kind}.completion")  # tests only (harness.faults)
     atomic_write_json(run.path / COMPLETION, out)
+    if c["logger"]["wandb"]:
+        from harness.trackers import log_completion
+
+        log_completion(out)  # eval/* and budget/* into the run's W&B run (finished when the run ends)
     return out
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -184,6 +183,10 @@ def train(plan, run_dir: Path, data, policy: Policy, resume: ResumePoint, clock,
     clock.lap("eval_before")
     env_before = {k: os.environ.get(k) for k in LOGGER_ENV}
     halt = Halt()
+    if plan.config["logger"]["wandb"] and dist.is_main():
+        from harness.trackers import open_wandb
+
+        open_wandb(plan, run_dir)  # with the run's identity; it stays open through the final eval (finalize)
     trainer = build(plan, run_dir, data, policy, ctx, resume, halt=halt, dumps=dumps)
     trainer.add_callback(FirstStepCallback(clock))
     if resume.checkpoint is not None:
@@ -258,7 +261,8 @@ def finish_from_final_checkpoint(plan, trainer, model, resume: ResumePoint, ctx:
 
 
 def close_loggers(trainer, ctx: RunContext, env_before: dict, *, failed: bool) -> None:
-    """Close the harness's logs, TensorBoard writers and a W&B run, and restore the logger environment."""
+    """Close the harness's logs and TensorBoard writers, and restore the logger environment; a W&B run only on
+    failure (else it stays open for the final eval: harness.trackers, finished when the run ends)."""
     for lg in (ctx.ledger, ctx.trace, ctx.metrics):
         if lg is not None:
             lg.close()
@@ -267,10 +271,10 @@ def close_loggers(trainer, ctx: RunContext, env_before: dict, *, failed: bool) -
         if writer is not None:
             writer.close()
             cb.tb_writer = None
-    wandb = sys.modules.get("wandb")
-    if wandb is not None and getattr(wandb, "run", None) is not None:
-        wandb.finish(exit_code=1 if failed else 0)
-        wandb.teardown()  # its settings (the run dir) are cached process-wide; the next job has its own
+    if failed:
+        from harness.trackers import finish
+
+        finish(failed=True)
     for k, v in env_before.items():
         if v is None:
             os.environ.pop(k, None)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from harness.verify import verify
-from tests.conftest import heavy_imports, run_harness
+from tests.conftest import heavy_imports, run_harness, wandb_run_record
 
 
 def _sweep_dir(out: Path) -> Path:
@@ -144,6 +144,17 @@ def test_jobs_in_one_process_get_their_own_wandb_and_tensorboard_runs(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     runs = sorted((tmp_path / "runs").iterdir())
     assert len(runs) == 2
-    for run in runs:
-        assert len(list((run / "wandb").glob("offline-run-*"))) == 1, run.name
+    groups = set()
+    for seed, run in enumerate(runs):
+        (offline,) = (run / "wandb").glob("offline-run-*")
         assert len(list((run / "tensorboard").rglob("events.out.tfevents.*"))) == 1, run.name
+        # the W&B run carries the harness run's identity (harness.trackers) and its final eval
+        rec = wandb_run_record(next(offline.glob("*.wandb")))
+        assert rec["name"] == run.name and {"sft", f"seed-{seed}", "tiny_vlm", "full"} <= set(rec["tags"])
+        assert "harness" in rec["config_keys"] and rec["exit_code"] == 0
+        assert rec["summary"]["eval/accuracy_after"] == json.loads((run / "completion.json").read_text())[
+            "eval_after"]["accuracy"]
+        assert rec["summary"]["budget/realized_loss_tokens"] > 0
+        groups.add(rec["group"])
+    assert len(groups) == 1 and groups.pop().startswith("sft-")  # two seeds of one condition
+    assert "URL not available" not in proc.stderr  # TRL's model card asked W&B at every save

@@ -1,0 +1,88 @@
+"""The W&B run of a harness run (logger.wandb): opened by the harness with the run's identity, kept open through
+the final eval, finished once the run ends (completed, interrupted or failed).
+
+    name    the run name (`grpo-tiny_vlm-synthetic-s0-6c7a0941`), also the W&B run id's source: a resumed run
+            continues the same W&B run (resume="allow")
+    group   the condition: arm + a digest of the semantic config without the seed (the seeds of one condition,
+            as `python -m harness.report` groups them)
+    tags    arm, seed-<n>, the model, its tuning, the arm's kind
+    config  the harness plan (config, identity, budget) under `harness`; TRL adds its TrainingArguments
+
+Transformers' WandbCallback logs the train/* series into this run (it reuses an open run); the harness adds
+eval/* (before and after) and budget/* at the end, also in the run's summary. Rank 0 only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import sys
+
+from harness.identity import canonical_json, drop_paths
+
+log = logging.getLogger("harness")
+
+
+def condition_group(plan) -> str:
+    """`<arm>-<12 hex>`: equal for runs that differ only in their seed (and in non-semantic fields)."""
+    cfg = drop_paths(plan.config, plan.identity.get("non_semantic_fields") or [])
+    cfg = {k: v for k, v in cfg.items() if k != "seed"}
+    return f"{plan.config['arm']['name']}-{hashlib.sha256(canonical_json(cfg).encode()).hexdigest()[:12]}"
+
+
+def wandb_id(run_name: str) -> str:
+    return hashlib.sha256(run_name.encode()).hexdigest()[:32]  # W&B ids: [a-z0-9], at most 64
+
+
+def open_wandb(plan, run_dir) -> None:
+    """Start (or, on a resume, continue) the run's W&B run before the Trainer is built."""
+    import wandb
+
+    c = plan.config
+    lg, model = c["logger"], c["model"]
+    if wandb.run is not None:
+        wandb.finish()  # a previous job's run in this process (a basic-launcher sweep)
+    offline = lg["wandb_mode"] == "offline"
+    if offline:  # TRL asks for the run's URL at every save: one warning per checkpoint; W&B's notes go to its log
+        wandb.setup(settings=wandb.Settings(silent=True))
+    run = wandb.init(project=lg["wandb_project"], mode=lg["wandb_mode"], dir=str(run_dir), id=wandb_id(plan.run_name),
+               resume="allow", name=plan.run_name, group=condition_group(plan),
+               tags=[c["arm"]["name"], f"seed-{c['seed']}", model["name"], model["tuning"], plan.kind],
+               config={"harness": {"config": c, "identity": plan.identity, "budget": plan.budget}})
+    if offline:
+        log.info("wandb: offline run %s (group %s) in %s; upload it with `wandb sync %s`", run.name, run.group,
+                 run.settings.sync_dir, run.settings.sync_dir)
+
+
+def log_completion(completion: dict) -> None:
+    """eval/* (before and after, overall and per relation) and budget/* of the finished run, logged and in the
+    summary, then the run is finished."""
+    wandb = sys.modules.get("wandb")
+    if wandb is None or wandb.run is None:
+        return
+    out = {}
+    for key in ("eval_before", "eval_after"):
+        ev = completion.get(key) or {}
+        label = "before" if key == "eval_before" else "after"
+        for metric in ("accuracy", "format_valid", "direction_accuracy"):
+            if ev.get(metric) is not None:
+                out[f"eval/{metric}_{label}"] = ev[metric]
+        for rel, b in (ev.get("per_relation") or {}).items():
+            if b.get("accuracy") is not None:
+                out[f"eval/{rel}/accuracy_{label}"] = b["accuracy"]
+    for k in ("realized_completion_tokens", "completion_token_ceiling", "realized_loss_tokens", "loss_token_ceiling",
+              "optimizer_steps", "nonfinite_steps"):
+        if completion.get(k) is not None:
+            out[f"budget/{k}"] = completion[k]
+    out["budget/stopped_by"] = completion.get("stopped_by")
+    wandb.log({k: v for k, v in out.items() if not isinstance(v, str)})
+    wandb.run.summary.update(out)
+
+
+def finish(failed: bool) -> None:
+    """Finish this process's W&B run if one is open (also on failure: the next job of a sweep has its own)."""
+    wandb = sys.modules.get("wandb")
+    if wandb is None or getattr(wandb, "run", None) is None:
+        return
+    wandb.finish(exit_code=1 if failed else 0)
+    wandb.teardown()  # its settings (the run dir) are cached process-wide
