@@ -24,15 +24,33 @@ def _num(key: str, v: float, signed: bool = False) -> str:
     return f"{v:{sign}.3f}"
 
 
+def metric_range(key: str) -> tuple[float, float] | None:
+    """The values a metric can take: accuracies and rates in [0, 1], the accuracy change in [-1, 1]."""
+    if key == "eval/accuracy_change":
+        return (-1.0, 1.0)
+    if key.startswith("eval/") or key == "budget/fraction":
+        return (0.0, 1.0)
+    return None
+
+
 def cell(key: str, s: dict) -> str:
-    """'mean ± half-width (n=k)'; one seed: 'value (n=1)'; none: '–'."""
+    """'mean ± half-width (n=k)'; where that interval leaves the metric's range, 'mean [low, high] (n=k, cut at
+    the range)'; two seeds: the mean and no interval (a t interval with one degree of freedom is +-12.7 sd:
+    not informative); one seed: 'value (n=1)'; none: '–'."""
     if not s or not s.get("n"):
         return DASH
     signed = key == "eval/accuracy_change"
+    mean = _num(key, s["mean"], signed)
     if s["n"] == 1:
-        return f"{_num(key, s['mean'], signed)} (n=1)"
+        return f"{mean} (n=1)"
+    if s["n"] == 2:
+        return f"{mean} (n=2: too few seeds for an interval)"
+    lo, hi, bounds = s["mean"] - s["half_width"], s["mean"] + s["half_width"], metric_range(key)
+    if bounds and (lo < bounds[0] or hi > bounds[1]):
+        cut = f"[{_num(key, max(lo, bounds[0]), signed)}, {_num(key, min(hi, bounds[1]), signed)}]"
+        return f"{mean} {cut} (n={s['n']}, t interval cut at the range)"
     hw = _num(key, s["half_width"]) if key != "budget/fraction" else f"{s['half_width'] * 100:.1f}%"
-    return f"{_num(key, s['mean'], signed)} ± {hw} (n={s['n']})"
+    return f"{mean} ± {hw} (n={s['n']})"
 
 
 def _md_escape(text: str) -> str:
@@ -82,7 +100,10 @@ def _group(rep: dict, g: dict) -> list[str]:
     has_dir = any(c["metrics"]["eval/direction_accuracy"]["n"] for c in conds)
     eval_keys = [k for k, _ in EVAL_METRICS if k != "eval/direction_accuracy" or has_dir]
     out += ["", f"{h} Eval accuracy (greedy, split `{split}`)", "",
-            "Each cell: mean ± half-width of the 95% Student-t interval over seeds (n seeds); one seed: its value. "
+            "Each cell: mean ± half-width of the 95% Student-t interval over seeds (n seeds); where it would leave "
+            "the metric's range ([0, 1] for accuracies) it is shown as [low, high] cut at the range; two seeds: "
+            "the mean only (a t interval with one degree of freedom spans ±12.7 sd: not informative); one seed: "
+            "its value. "
             "`change` = accuracy − accuracy before training (the init policy), per seed. Relation columns: "
             "accuracy on that relation's views; FULL abstention: fraction of FULL views answered with the "
             "abstention.", ""]

@@ -427,3 +427,17 @@ def test_start_phases_per_run_and_time_to_first_step_per_condition(tmp_path):
     text = md.read_text()
     assert "first step at (s)" in text
     assert "; 2 starts, first step at 14.9 s, 3.2 s" in text and "; 1 start, first step at 12.0 s" in text
+
+
+def test_cells_never_print_an_interval_outside_the_range_nor_one_from_two_seeds():
+    """`MISSING 0.500 ± 6.353` (two seeds, t with 1 df) and `85.6% ± 52.3%` were what a researcher saw."""
+    from harness.report.render import cell
+    from harness.report.stats import mean_ci
+
+    assert cell("eval/MISSING/accuracy", mean_ci([0.0, 1.0])) == "0.500 (n=2: too few seeds for an interval)"
+    assert cell("budget/fraction", mean_ci([0.5, 0.9])) == "70.0% (n=2: too few seeds for an interval)"
+    wide = cell("eval/accuracy", mean_ci([0.1, 0.9, 1.0]))  # mean 0.667, t interval -0.57 .. 1.90
+    assert wide == "0.667 [0.000, 1.000] (n=3, t interval cut at the range)", wide
+    assert cell("eval/accuracy_change", mean_ci([-0.9, 0.8, 0.9])).endswith("(n=3, t interval cut at the range)")
+    assert cell("eval/accuracy", mean_ci([0.5, 0.6, 0.7])) == "0.600 ± 0.248 (n=3)"  # inside [0, 1]: as before
+    assert cell("perf/wall_time_s", mean_ci([1.0, 30.0, 2.0])).startswith("11.0 ± ")  # unbounded: a plain interval
