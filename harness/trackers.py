@@ -9,7 +9,8 @@ the final eval, finished once the run ends (completed, interrupted or failed).
     config  the harness plan (config, identity, budget) under `harness`; TRL adds its TrainingArguments
 
 Transformers' WandbCallback logs the train/* series into this run (it reuses an open run); the harness adds
-eval/* (before and after) and budget/* at the end, also in the run's summary. Rank 0 only.
+eval/* (before and after) and budget/* at the end, also in the run's summary (and, with logger.tensorboard,
+into the run's TensorBoard events). Rank 0 only.
 """
 
 from __future__ import annotations
@@ -54,12 +55,8 @@ def open_wandb(plan, run_dir) -> None:
                  run.settings.sync_dir, run.settings.sync_dir)
 
 
-def log_completion(completion: dict) -> None:
-    """eval/* (before and after, overall and per relation) and budget/* of the finished run, logged and in the
-    summary, then the run is finished."""
-    wandb = sys.modules.get("wandb")
-    if wandb is None or wandb.run is None:
-        return
+def final_scalars(completion: dict) -> dict:
+    """eval/* (before and after, overall and per relation) and budget/* of a finished run (completion.json)."""
     out = {}
     for key in ("eval_before", "eval_after"):
         ev = completion.get(key) or {}
@@ -74,9 +71,26 @@ def log_completion(completion: dict) -> None:
               "optimizer_steps", "nonfinite_steps"):
         if completion.get(k) is not None:
             out[f"budget/{k}"] = completion[k]
-    out["budget/stopped_by"] = completion.get("stopped_by")
-    wandb.log({k: v for k, v in out.items() if not isinstance(v, str)})
-    wandb.run.summary.update(out)
+    return out
+
+
+def log_completion(completion: dict) -> None:
+    """The final scalars into the open W&B run's history and summary (with what stopped the run)."""
+    wandb = sys.modules.get("wandb")
+    if wandb is None or wandb.run is None:
+        return
+    out = final_scalars(completion)
+    wandb.log(out)
+    wandb.run.summary.update({**out, "budget/stopped_by": completion.get("stopped_by")})
+
+
+def log_tensorboard(run_dir, completion: dict) -> None:
+    """The final scalars into the run's TensorBoard events (next to TRL's train/* series), at the last step."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    with SummaryWriter(log_dir=str(run_dir / "tensorboard")) as writer:
+        for key, value in final_scalars(completion).items():
+            writer.add_scalar(key, value, global_step=completion.get("optimizer_steps") or 0)
 
 
 def finish(failed: bool) -> None:

@@ -112,6 +112,10 @@ def write_completion(plan, run, *, ctx, trainer, train_out, evals: dict, wall_s:
         from harness.trackers import log_completion
 
         log_completion(out)  # eval/* and budget/* into the run's W&B run (finished when the run ends)
+    if c["logger"]["tensorboard"]:
+        from harness.trackers import log_tensorboard
+
+        log_tensorboard(run.path, out)
     return out
 
 
