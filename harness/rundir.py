@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import FieldDiff, ResumeMismatchError, RunDirLocked, RunDirStateError
-from harness.faults import point
+from harness import faults
 
 MANIFEST = "run_manifest.json"
 log = logging.getLogger("harness")
@@ -60,6 +60,11 @@ _UMASK = os.umask(0o022)
 os.umask(_UMASK)
 
 
+def naming(exc: OSError, path: str | os.PathLike) -> OSError:
+    """`exc` with the file it failed on: a failed write() or fsync() names none."""
+    return exc if exc.filename is not None else OSError(exc.errno, exc.strerror, str(path))
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     """Temp file in the same dir, fsync, rename over `path`, fsync the dir: readers see old or new, never half."""
     path = Path(path)
@@ -68,10 +73,12 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     try:
         os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp makes 0600; the file is a plain shared artifact
         with os.fdopen(fd, "wb") as fh:
-            fh.write(data[: len(data) // 2])
-            fh.flush()
-            point(f"atomic:{path.name}")  # tests only (harness.faults): a crash or a full disk mid-write
-            fh.write(data[len(data) // 2:])
+            if faults.armed():  # tests only (harness.faults): a crash or a full disk mid-write
+                fh.write(data[: len(data) // 2])
+                fh.flush()
+                faults.point(f"atomic:{path.name}")
+                data = data[len(data) // 2:]
+            fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
@@ -80,8 +87,8 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
-        if isinstance(exc, OSError) and exc.filename is None:  # a failed write names no file: say which one
-            raise OSError(exc.errno, exc.strerror, str(path)) from exc
+        if isinstance(exc, OSError):
+            raise naming(exc, path) from exc
         raise
     fsync_dir(path.parent)
 
@@ -305,10 +312,10 @@ def claim(plan, resume: str | None = None) -> RunDir:
 def _read_manifest(path: Path) -> dict:
     try:
         manifest = read_json(path / MANIFEST)
+        why = None if isinstance(manifest, dict) and isinstance(manifest.get("plan"), dict) else "not a run manifest"
     except (ValueError, UnicodeDecodeError) as exc:
-        manifest = exc
-    if not isinstance(manifest, dict) or not isinstance(manifest.get("plan"), dict):
-        why = f"not valid JSON ({manifest})" if isinstance(manifest, Exception) else "not a run manifest"
+        why = f"not valid JSON ({exc})"
+    if why:
         raise RunDirStateError(
             f"{path / MANIFEST} is {why}: the run's identity and history cannot be read, so it cannot be resumed.\n"
             f"    fix: restore the file (`python -m harness.verify {path}` lists what else is damaged), or start a "
@@ -316,7 +323,7 @@ def _read_manifest(path: Path) -> dict:
     return manifest
 
 
-def remove_stale_temp_files(run_dir: Path) -> list[str]:
+def remove_stale_temp_files(run_dir: Path) -> None:
     """Delete the temp files (.<name>.<random>.tmp) of atomic writes a dead process left half done: they never
     replaced their target, and verify reports them as torn writes."""
     stale = sorted(run_dir.rglob(".*.tmp"))
@@ -325,7 +332,6 @@ def remove_stale_temp_files(run_dir: Path) -> list[str]:
     if stale:
         log.info("removed %d temp file(s) of an interrupted write: %s", len(stale),
                  ", ".join(str(p.relative_to(run_dir)) for p in stale[:5]))
-    return [str(p) for p in stale]
 
 
 def _check_policy(path: Path, policy: str) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.identity import sha256_file
-from harness.rundir import atomic_write_json, fsync_dir, now, read_json
+from harness.rundir import atomic_write_json, fsync_dir, identity_diffs, now, read_json
 
 CHECKPOINT_MANIFEST = "harness_checkpoint.json"
 CHECKPOINTS_DIR = "checkpoints"
@@ -52,19 +52,6 @@ def publish(ckpt_dir: Path, *, step: int, identity: dict, frontier: dict, state:
     return manifest
 
 
-def identity_differences(ckpt: dict, run: dict) -> list[str]:
-    """The identity fields in which a checkpoint's manifest and its run's differ (what both record)."""
-    out = []
-    if run.get("semantic_sha256") and ckpt.get("semantic_sha256") != run["semantic_sha256"]:
-        out.append(f"identity.semantic_sha256 {str(ckpt.get('semantic_sha256'))[:12]}, the run's "
-                   f"{run['semantic_sha256'][:12]}")
-    for part, key in (("data", "content_sha256"), ("model", "files_sha256")):
-        mine, theirs = (run.get(part) or {}).get(key), (ckpt.get(part) or {}).get(key)
-        if mine and theirs and mine != theirs:
-            out.append(f"identity.{part}.{key} {theirs[:12]}, the run's {mine[:12]}")
-    return out
-
-
 def step_of(path: Path) -> int | None:
     m = _STEP_RE.search(path.name)
     return int(m.group(1)) if m else None
@@ -80,8 +67,8 @@ def checkpoint_problems(ckpt_dir: Path, *, deep: bool = True, identity: dict | N
         manifest = read_json(mpath)
     except (OSError, ValueError) as exc:
         return [f"{ckpt_dir.name}: unreadable {CHECKPOINT_MANIFEST} ({exc})"]
-    out = [f"{ckpt_dir.name}: {CHECKPOINT_MANIFEST} is of another run ({diff})"
-           for diff in identity_differences(manifest.get("identity") or {}, identity or {})]
+    out = [f"{ckpt_dir.name}: {CHECKPOINT_MANIFEST} is of another run ({d.field} {str(d.actual)[:12]}, the run's "
+           f"{str(d.expected)[:12]})" for d in identity_diffs(identity, manifest.get("identity") or {})] if identity else []
     if manifest.get("step") != step_of(ckpt_dir):
         out.append(f"{ckpt_dir.name}: {CHECKPOINT_MANIFEST} says step {manifest.get('step')}")
     for rel, meta in (manifest.get("files") or {}).items():

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from harness import faults
+from harness.rundir import naming
 
 GENESIS = "0" * 64  # chain value of an empty log
 
@@ -79,8 +80,8 @@ class AppendLog:
                 self._fh.write(data[len(data) // 2:])
             else:
                 self._fh.write(data)
-        except OSError as exc:  # a failed write names no file: say which one
-            raise OSError(exc.errno, exc.strerror, str(self.path)) from exc
+        except OSError as exc:
+            raise naming(exc, self.path) from exc
         self._hasher.update(data)
         self.offset += len(data)
         self.rows += 1
@@ -91,7 +92,7 @@ class AppendLog:
             if fsync:
                 os.fsync(self._fh.fileno())
         except OSError as exc:  # buffered rows meet a full disk here
-            raise OSError(exc.errno, exc.strerror, str(self.path)) from exc
+            raise naming(exc, self.path) from exc
 
     def frontier(self) -> Frontier:
         """Bind the current position (durably) and start a new segment."""
