@@ -139,16 +139,7 @@ def sft_parent(cfg: Config, overrides: list[str], process_identity: dict | None 
         return None
     from harness.config.compose import compose
 
-    def dropped(override: str) -> bool:
-        key = override.lstrip("+~").split("=", 1)[0]
-        # train.save_steps is not semantic: a warm start of a few seconds needs only its final checkpoint;
-        # SFT samples nothing, so the child's rollout (e.g. vLLM) is not the parent's
-        # budget.stop_after_steps pauses the run itself, not its warm start
-        return (key in ("arm", "mode", "run_mode", "budget.max_steps", "budget.stop_after_steps", "train.save_steps",
-                        "rollout")
-                or key.startswith(("arm.", "rollout.")))
-
-    keep = [o for o in overrides if not dropped(o)]  # by key: `model=...` is kept (it starts with "mode")
+    keep = [_for_warm_start(o) for o in overrides if not _not_for_warm_start(o.lstrip("+~").split("=", 1)[0])]
     steps = cfg.budget.sft_warm_start_steps
     argv = [*keep, "arm=sft", f"budget.max_steps={steps}", f"train.save_steps={steps}"]
     try:
@@ -159,6 +150,27 @@ def sft_parent(cfg: Config, overrides: list[str], process_identity: dict | None 
         raise ConfigError([Problem(p.field, p.value, f"in the SFT warm start of this run (arm.init=sft): {p.why}",
                                    f"{p.fix}{where(p)}; or set arm.init=scratch or a policy path")
                            for p in exc.problems]) from None
+
+
+def _not_for_warm_start(key: str) -> bool:
+    """Whether the SFT warm start leaves out this key of its child's command line (or experiment preset)."""
+    # train.save_steps is not semantic: a warm start of a few seconds needs only its final checkpoint;
+    # SFT samples nothing, so the child's rollout (e.g. vLLM) is not the parent's
+    # budget.stop_after_steps pauses the run itself, not its warm start
+    return (key in ("arm", "mode", "run_mode", "budget.max_steps", "budget.stop_after_steps", "train.save_steps",
+                    "rollout")
+            or key.startswith(("arm.", "rollout.")))  # by key: `model=...` is kept (it starts with "mode")
+
+
+def _for_warm_start(override: str) -> str:
+    """experiment=<name> -> its warm-start variant (harness.config.store.warm_start_experiment); others as they are."""
+    key, sep, value = override.partition("=")
+    if key.lstrip("+") != "experiment" or not sep:
+        return override
+    from harness.config.store import warm_start_experiment
+
+    option = warm_start_experiment(value, _not_for_warm_start)
+    return f"{key}={option}" if option else override
 
 
 def irrelevant_to_arm(cfg: Config) -> list[str]:

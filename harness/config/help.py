@@ -18,6 +18,7 @@ Usage:
   python -m harness mode=plan [overrides]                   print the plan as JSON; writes nothing
   python -m harness run_mode=smoke [overrides]              self-test: checkpoint, die, resume, verify
   python -m harness -m arm=grpo,papo seed=0,1,2             multirun sweep
+  python -m harness experiment=<name> [overrides]           a pinned combination (conf/experiment/<name>.yaml)
   python -m harness -m sweep=arms_x_seeds                   a named sweep (sweeps/<name>.yaml)
   python -m harness placement=ddp placement.num_processes=2  several ranks (accelerate launch as a child)
   python -m harness --cfg job [overrides]                   print the composed config
@@ -28,6 +29,10 @@ Usage:
 Examples:
   python -m harness debug=tiny output_root=/tmp/x
   python -m harness arm=papo arm.gamma=0.01 seed=1
+  python -m harness -m experiment=comparison                every arm x 5 seeds under one token budget
+
+`harness` (installed in .venv/bin) is the same command; with it, Hydra's tab completion works:
+  eval "$(harness -sc install=bash)"                        then: harness arm=<TAB>, harness arm.<TAB>
 """
 
 
@@ -78,6 +83,6 @@ def help_node() -> dict:
     # Interpolations in defaults would be resolved by OmegaConf and then read by string.Template
     # (Hydra formats the template with it): show them as <key> instead.
     text = re.sub(r"\$\{([^}]*)\}", r"<\1>", fields_help()).replace("$", "$$")
-    usage = USAGE.replace("$ARMS", ", ".join(registry()))
+    usage = USAGE.replace("$(", "$$(").replace("$ARMS", ", ".join(registry()))
     template = f"{usage}\n== Config groups (group=option) ==\n{groups_help()}\n\n{text}\n\n== Composed config ==\n$CONFIG\n"
     return {"app_name": "harness", "header": "", "footer": "", "template": template}

@@ -24,6 +24,7 @@ from typing import Any, Iterable, Optional
 
 from harness.config import schema
 from harness.config.paths import CONF_DIR, SWEEPS_DIR
+from harness.config.store import WARM_START_SUFFIX
 from harness.errors import ConfigError, Problem
 
 HELP = "python -m harness --help lists every key"
@@ -85,8 +86,9 @@ def groups() -> dict[str, tuple[str, ...]]:
             if isinstance(value, dict):
                 group = prefix + name
                 if not is_hydra_key(group):
-                    found.setdefault(group, set()).update(n[:-5] for n, v in value.items()
-                                                          if not isinstance(v, dict) and n.endswith(".yaml"))
+                    found.setdefault(group, set()).update(  # not the warm-start variants the plan stores
+                        n[:-5] for n, v in value.items()
+                        if not isinstance(v, dict) and n.endswith(".yaml") and WARM_START_SUFFIX not in n)
                 walk(value, group + "/")
 
     walk(ConfigStore.instance().repo, "")
@@ -440,7 +442,8 @@ def _explain(exc: BaseException, overrides: list[str]) -> ConfigError:
     found: Optional[Problem] = None
     if isinstance(exc, MissingConfigException) and exc.missing_cfg_file and "/" in exc.missing_cfg_file:
         group, option = exc.missing_cfg_file.rsplit("/", 1)
-        found = _option_problem(group, option, exc.options or groups().get(group, ()))
+        options = [o for o in exc.options or groups().get(group, ()) if WARM_START_SUFFIX not in o]
+        found = _option_problem(group, option, options)
     elif isinstance(cause, (ConfigKeyError, ConfigAttributeError)) and getattr(cause, "full_key", None):
         full = str(cause.full_key)
         ov = _override_for(parsed, full)

@@ -1,10 +1,11 @@
 """Hydra's ConfigStore: the root schema, every group's schemas (arms from the registry), `--help` and the
-named sweeps. The CLI calls `register` once, before Hydra composes. Torch-free."""
+named sweeps, and the SFT warm-start variants of experiment presets. The CLI calls `register` once, before Hydra
+composes. Torch-free."""
 
 from __future__ import annotations
 
 from harness.config.help import help_node
-from harness.config.paths import SWEEPS_DIR
+from harness.config.paths import CONF_DIR, SWEEPS_DIR
 from harness.config.schema import SCHEMAS, Config
 
 
@@ -30,3 +31,45 @@ def register_sweeps(cs) -> None:
 
     for path in sorted(SWEEPS_DIR.glob("*.yaml")):
         cs.store(group="sweep", name=path.stem, node=OmegaConf.load(path), package="_global_")
+
+
+WARM_START_SUFFIX = "__sft_warm_start"
+
+
+def warm_start_experiment(name: str, dropped) -> str | None:
+    """The option of the config group `experiment` that an RL run's SFT warm start composes with, for the child's
+    `experiment=<name>`: conf/experiment/<name>.yaml without what the warm start does not take from the child's
+    command line either (`dropped(key)` says which: the arm and its knobs, the rollout, the step caps, ...),
+    stored as `<name>__sft_warm_start` (package _global_). The rest (model, data, budget, seed, train.*) keeps
+    its place in the defaults list, so debug=tiny and the command line take precedence over it exactly as they
+    do in the child. None when there is no such file (the compose names the unknown option)."""
+    from hydra.core.config_store import ConfigStore
+    from omegaconf import OmegaConf
+
+    path = CONF_DIR / "experiment" / f"{name}.yaml"
+    if not path.is_file():
+        return None
+    node = OmegaConf.to_container(OmegaConf.load(path))
+    node.pop("hydra", None)  # its sweeper params say what a multirun varies, not what a warm start is
+
+    def keep(entry) -> bool:  # `- override /arm: evi_po` is the child's arm
+        if not isinstance(entry, dict):
+            return True
+        return not any(k.startswith("override") and dropped(k.split(None, 1)[-1].strip("/")) for k in entry)
+
+    def prune(tree: dict, prefix: str) -> dict:
+        out = {}
+        for k, v in tree.items():
+            key = f"{prefix}{k}"
+            if dropped(key):
+                continue
+            out[k] = prune(v, key + ".") if isinstance(v, dict) else v
+        return {k: v for k, v in out.items() if v != {} or tree[k] == {}}
+
+    defaults = [e for e in node.pop("defaults", []) if keep(e)]
+    pruned = prune(node, "")
+    if defaults:
+        pruned = {"defaults": defaults, **pruned}
+    option = name + WARM_START_SUFFIX
+    ConfigStore.instance().store(group="experiment", name=option, node=OmegaConf.create(pruned), package="_global_")
+    return option

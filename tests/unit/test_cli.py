@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -80,6 +81,32 @@ def test_help_and_cfg_job():
     assert "schema/" not in h.stdout.split("Fields")[0]
     c = run_harness("--cfg", "job", "arm=papo")
     assert c.returncode == 0 and "gamma: 0.02" in c.stdout and "Traceback" not in c.stderr
+
+
+def test_the_harness_console_script_and_its_tab_completion(tmp_path):
+    """`harness` is `python -m harness` (pyproject [project.scripts]); Hydra's bash completion needs it (under
+    `python -m` the completion script looks for a file after `python` and gives up)."""
+    from pathlib import Path
+
+    exe = Path(sys.executable).parent / "harness"
+    assert exe.is_file(), f"{exe}: the console script is not installed (scripts/ensure_venv.sh installs it)"
+    h = subprocess.run([str(exe), "--help"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert h.returncode == 0 and "experiment=<name>" in h.stdout and "harness -sc install=bash" in h.stdout
+    install = subprocess.run([str(exe), "-sc", "install=bash"], capture_output=True, text=True, timeout=60)
+    assert install.returncode == 0 and install.stdout.rstrip().endswith("hydra_bash_completion harness")
+
+    def complete(line: str) -> list[str]:
+        proc = subprocess.run([str(exe), "-sc", "query=bash"], cwd=tmp_path, capture_output=True, text=True,
+                              timeout=60, env={**os.environ, "COMP_LINE": line, "COMP_POINT": str(len(line))})
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout.split()
+
+    assert complete("harness arm=") == ["arm=evi_po", "arm=grpo", "arm=papo", "arm=sft"]
+    assert set(complete("harness experiment=")) == {"experiment=comparison", "experiment=evi_po_direction_only"}
+    assert complete("harness arm=evi_po arm.lambda_") == ["arm.lambda_direction=", "arm.lambda_evidence="]
+    p = subprocess.run([str(exe), "mode=plan", "experiment=evi_po_direction_only", f"output_root={tmp_path}"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and json.loads(p.stdout)["config"]["arm"]["lambda_evidence"] == 0.0
 
 
 def test_cfg_job_is_torch_free():

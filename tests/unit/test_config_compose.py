@@ -42,12 +42,13 @@ REFUSED_HERE = _refused_here()
 
 
 def test_groups_are_the_designed_ones():
-    assert GROUPS == ["arm", "budget", "data", "debug", "logger", "model", "placement", "rollout"]
+    assert GROUPS == ["arm", "budget", "data", "debug", "experiment", "logger", "model", "placement", "rollout"]
     assert {g: sorted(y.stem for y in (CONF / g).glob("*.yaml")) for g in GROUPS} == {
         "arm": ["evi_po", "grpo", "papo", "sft"],
         "budget": ["default"],
         "data": ["jsonl", "synthetic"],
         "debug": ["tiny"],
+        "experiment": ["comparison", "evi_po_direction_only"],
         "logger": ["jsonl", "none", "tensorboard", "wandb"],
         "model": ["qwen", "tiny_lm", "tiny_vlm"],
         "placement": ["ddp", "deepspeed", "deepspeed_zero3", "fsdp", "single"],
@@ -71,7 +72,7 @@ def test_every_option_composes_and_plans(plan_of, tmp_path, group, option):
         return
     plan = plan_of(f"{group}={option}", *extra)
     assert plan.choices[group] == option
-    if group not in ("debug", "budget"):
+    if group not in ("debug", "budget", "experiment"):
         assert plan.config[group]["name"] == option
 
 
