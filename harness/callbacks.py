@@ -43,6 +43,8 @@ class RunContext:
     nonfinite_steps: int = 0  # optimizer steps skipped for a non-finite gradient (NonFiniteCallback), all of the run
     nonfinite_abort: list | None = None  # the skipped steps of this process, once over train.max_nonfinite_steps
     step_clock: tuple[float, int] | None = None  # (time, global_step) when this process's first step began
+    pending_eval: tuple[int, dict] | None = None  # (step, eval_* logs) of a periodic eval, until its row is written
+    eval_s: float = 0.0  # seconds of periodic evals in this process (not training time)
 
     @property
     def rl(self) -> bool:
@@ -196,6 +198,105 @@ class NonFiniteCallback(TrainerCallback):
         return control
 
 
+def training_ends_here(ctx: RunContext, state, control) -> bool:
+    """After this step training is over for good (the budget, max_steps or TRL's own stop; not a planned stop that
+    a later start continues): its checkpoint is the run's final, permanent one."""
+    step = state.global_step
+    return ctx.stopped_by_budget or step >= state.max_steps or (control.should_training_stop and ctx.halted is None)
+
+
+def eval_logs(result: dict) -> dict:
+    """An eval result as TRL-style `eval_*` logs (TensorBoard and W&B show them as eval/*)."""
+    out = {f"eval_{k}": result[k] for k in ("accuracy", "abstention_rate", "format_valid", "direction_accuracy")
+           if k in result}
+    for rel, block in (result.get("per_relation") or {}).items():
+        if "accuracy" in block:
+            out[f"eval_accuracy_{rel}"] = block["accuracy"]
+    return out
+
+
+class PeriodicEvalCallback(TrainerCallback):
+    """train.eval_steps=N: after every N-th optimizer step the final eval's greedy eval of the live weights (rank 0;
+    the other ranks wait at the checkpoint's gather), bound to that step's checkpoint, which is saved and kept.
+
+    The eval runs at step end, before the Trainer logs and saves: its eval_* values join the step's metrics row
+    (MetricsCallback), so the checkpoint's metrics frontier includes them; its artifact, eval/<split>-checkpoint-N.json,
+    is written at save time with the digest of the saved weights and the sampled tokens of all ranks, before the
+    checkpoint is published (this callback precedes CheckpointCallback): a run killed in between repeats the steps
+    and the eval. The RNG states are restored after it, so an eval changes no sample and no update. The run's last
+    step is not evaluated here: the final eval scores the same weights."""
+
+    def __init__(self, ctx: RunContext, every: int, evaluate, write, log):
+        # evaluate() -> (result, predictions); write(result, predictions); log(eval_* logs) to every sink
+        self.ctx, self.every, self.evaluate, self.write, self.log = ctx, every, evaluate, write, log
+        self.evaluated = None  # the step evaluated at its end (every rank: the decision is the same on all)
+        self.pending = None  # (result, predictions) on rank 0, between step end and save
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.evaluated = self.pending = None
+        step = state.global_step
+        if step % self.every or training_ends_here(self.ctx, state, control) or self.ctx.nonfinite_abort:
+            return control  # (budget and non-finite decisions are all-reduced: every rank agrees)
+        self.evaluated = step
+        control.should_save = True  # the eval's checkpoint (kept: CheckpointCallback)
+        if state.is_world_process_zero:
+            t0 = time.time()
+            with preserved_rng():
+                result, preds = self.evaluate(step)
+            self.ctx.eval_s += time.time() - t0  # not training: s/step leaves it out
+            self.pending = (result, preds)
+            self.ctx.pending_eval = (step, eval_logs(result))
+            log.info("eval at step %d: accuracy %.3f on %d %s views", step, result["accuracy"], result["n"],
+                     result["split"])
+        return control
+
+    def on_save(self, args, state, control, **kwargs):
+        from harness.policy import weights_digest_of_files
+
+        step = state.global_step
+        if self.evaluated != step:
+            return control
+        tokens = sum(dist.all_gather(self.ctx.tokens_used))  # every rank is here: the collective is safe
+        if self.pending is None:  # the other ranks
+            return control
+        result, preds = self.pending
+        self.pending = None
+        result.update(step=step, checkpoint=f"checkpoint-{step}", completion_tokens=tokens if self.ctx.rl else 0,
+                      policy_sha256=weights_digest_of_files(Path(args.output_dir) / f"checkpoint-{step}"))
+        self.write(result, preds)
+        self.log(eval_logs(result))  # TensorBoard, W&B, and metrics.jsonl when no row was logged at this step
+        self.ctx.pending_eval = None
+        return control
+
+
+class preserved_rng:
+    """Every RNG the training reads (python, numpy, torch CPU and CUDA) as it was before the block."""
+
+    def __enter__(self):
+        import random
+
+        import numpy as np
+        import torch
+
+        self.states = (random.getstate(), np.random.get_state(), torch.random.get_rng_state(),
+                       torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None)
+        return self
+
+    def __exit__(self, *exc):
+        import random
+
+        import numpy as np
+        import torch
+
+        py, npy, cpu, cuda = self.states
+        random.setstate(py)
+        np.random.set_state(npy)
+        torch.random.set_rng_state(cpu)
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)
+        return False
+
+
 class FirstStepCallback(TrainerCallback):
     """The time to this process's first completed optimizer step (a start phase, harness.lifecycle.Phases)."""
 
@@ -231,7 +332,8 @@ class WatchdogCallback(TrainerCallback):
 def console_line(step: int, max_steps: int, logs: dict, ctx: RunContext) -> str:
     # RL arms are budget-bound: max_steps is only a cap, so the token share below is the progress that counts
     parts = [f"step {step}" if ctx.rl else f"step {step}/{max_steps}"]
-    for key, label in (("reward", "reward"), ("loss", "loss"), ("mean_token_accuracy", "tok-acc")):
+    for key, label in (("reward", "reward"), ("loss", "loss"), ("mean_token_accuracy", "tok-acc"),
+                       ("eval_accuracy", "eval acc")):
         if key in logs:
             parts.append(f"{label} {logs[key]:.3f}")
     if ctx.rl:
@@ -242,7 +344,7 @@ def console_line(step: int, max_steps: int, logs: dict, ctx: RunContext) -> str:
         parts.append(f"epoch prefix of {ctx.loss_tokens} loss tokens (cap {ctx.plan.budget['loss_token_ceiling']})")
     if ctx.step_clock is not None:  # training only: not the data, model build or eval before, nor earlier starts
         t0, first = ctx.step_clock
-        parts.append(f"{(time.time() - t0) / max(step - first, 1):.2f} s/step")
+        parts.append(f"{(time.time() - t0 - ctx.eval_s) / max(step - first, 1):.2f} s/step")
     return " | ".join(parts)
 
 
@@ -265,6 +367,10 @@ class MetricsCallback(TrainerCallback):
         if state.global_step == self.last_logged_step:
             return control  # e.g. eval logs at the same step: one row per step
         self.last_logged_step = state.global_step
+        pending = self.ctx.pending_eval
+        if pending is not None and pending[0] == state.global_step:  # a periodic eval of this step (PeriodicEval)
+            logs.update(pending[1])
+            self.ctx.pending_eval = None
         row = {"step": state.global_step, **{k: v for k, v in logs.items() if isinstance(v, (int, float))}}
         if self.ctx.rl:
             row["budget/tokens_used_rank0"] = self.ctx.tokens_used
@@ -338,8 +444,9 @@ class CheckpointCallback(TrainerCallback):
             return control
         # the run's final checkpoint (permanent): training ends here, by the budget, max_steps or TRL's own
         # stop; a planned stop (a signal, a pause) before that end is a resumable checkpoint like the others
-        ends_here = self.ctx.stopped_by_budget or step >= state.max_steps
-        final = ends_here or (control.should_training_stop and self.ctx.halted is None)
+        final = training_ends_here(self.ctx, state, control)
+        every = self.ctx.plan.config["train"]["eval_steps"]
+        kept = "eval" if not final and every and step % every == 0 else None  # a periodic eval's (not rotated)
         # counters of this rank's work add up over ranks; a TRL counter that TRL itself gathers over ranks
         # ("trl_" prefix) is the same on every rank: rank 0's value, not a sum
         totals = {k: mine["totals"][k] if k.startswith("trl_") else sum(e["totals"].get(k, 0) for e in everyone)
@@ -352,7 +459,7 @@ class CheckpointCallback(TrainerCallback):
             totals={**totals, "loss_tokens": self.ctx.loss_tokens, "stopped_by_budget": self.ctx.stopped_by_budget,
                     "nonfinite_steps": self.ctx.nonfinite_steps},
             rank_totals={f"rank-{r}": e["totals"] for r, e in enumerate(everyone)} if len(everyone) > 1 else None,
-            permanent=final,
+            permanent=final, kept=kept,
         )
         self.published.append(step)
         removed = ckpt.apply_retention(self.ctx.run_dir, self.keep_last)

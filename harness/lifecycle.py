@@ -280,6 +280,11 @@ def _summary(plan: Plan, comp: dict) -> None:
             extra = f"   (abstains {a['abstention_rate']:.2f})" if rel in ("MISSING", "FULL") else ""
             bs = f"{b['accuracy']:.3f}" if b.get("accuracy") is not None else "  -  "
             lines.append(f"    {rel:<11} accuracy {bs} -> {a['accuracy']:.3f}{extra}")
+    points = comp.get("eval_points") or []
+    if points:  # train.eval_steps: accuracy at each kept checkpoint, by the sampled tokens before it
+        unit = "tokens" if plan.rl else "step"
+        at = lambda p: f"{p['completion_tokens']}" if plan.rl else f"{p['step']}"  # noqa: E731
+        lines.append(f"  eval curve (accuracy @ {unit}): " + ", ".join(f"{p['accuracy']:.3f} @ {at(p)}" for p in points))
     phases = comp.get("phases_s")
     if phases:
         reused = " (reused)" if before.get("reused_from") else ""

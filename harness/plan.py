@@ -290,6 +290,8 @@ def checkpoint_schedule(cfg: Config) -> dict:
         "planned_steps": planned if len(planned) <= 50 else planned[:25] + ["..."] + planned[-5:],
         "permanent": ["final"],
         "note": "a run stopped early by its token budget saves a final checkpoint at its last step",
+        **({"kept_for_eval": f"every {t.eval_steps} steps (train.eval_steps: a periodic eval scores each)"}
+           if t.eval_steps else {}),
     }
 
 

@@ -50,10 +50,24 @@ def weights_digest(path: str | Path) -> str | None:
     for name in (POLICY_MANIFEST, CHECKPOINT_MANIFEST):
         if (path / name).is_file():
             files = read_json(path / name).get("files") or {}
-            weights = {k: v["sha256"] for k, v in files.items()
-                       if k.endswith(WEIGHT_SUFFIXES) and not Path(k).name.startswith(NOT_WEIGHTS)}
+            weights = {k: v["sha256"] for k, v in files.items() if is_weight_file(k)}
             return sha256_text(canonical_json(weights)) if weights else None
     return None
+
+
+def is_weight_file(rel: str) -> bool:
+    return rel.endswith(WEIGHT_SUFFIXES) and not Path(rel).name.startswith(NOT_WEIGHTS)
+
+
+def weights_digest_of_files(path: str | Path) -> str | None:
+    """weights_digest of a directory's weight files as they are on disk (a checkpoint before its manifest is
+    published: the periodic eval's weights); the same value weights_digest gives once it is."""
+    from harness.identity import canonical_json, sha256_text
+
+    path = Path(path)
+    weights = {str(p.relative_to(path)): sha256_file(p) for p in sorted(path.rglob("*"))
+               if p.is_file() and is_weight_file(str(p.relative_to(path)))}
+    return sha256_text(canonical_json(weights)) if weights else None
 
 
 def eos_token_ids(processor) -> list[int]:

@@ -34,13 +34,15 @@ def file_digests(ckpt_dir: Path) -> dict[str, dict[str, Any]]:
 
 
 def publish(ckpt_dir: Path, *, step: int, identity: dict, frontier: dict, state: dict, totals: dict,
-            permanent: bool, rank_totals: dict | None = None) -> dict:
-    """Write harness_checkpoint.json last: from now on the checkpoint counts."""
+            permanent: bool, rank_totals: dict | None = None, kept: str | None = None) -> dict:
+    """Write harness_checkpoint.json last: from now on the checkpoint counts. `permanent`: the run's final one;
+    `kept`: why retention must not remove it either ("eval": a periodic eval scored its weights)."""
     manifest = {
         "version": 1,
         "step": step,
         "created_at": now(),
         "permanent": permanent,
+        **({"kept": kept} if kept else {}),
         "identity": {k: identity.get(k) for k in ("config_sha256", "semantic_sha256", "data", "model", "code")},
         "files": file_digests(ckpt_dir),
         "frontier": frontier,
@@ -94,10 +96,12 @@ def complete_checkpoints(run_dir: Path) -> list[Path]:
 
 
 def apply_retention(run_dir: Path, keep_last: int) -> list[str]:
-    """Keep the permanent checkpoints and the latest `keep_last` others; delete the rest. (The final checkpoint is
-    permanent and does not count against keep_last: a finished run keeps keep_last resumable points before it.)"""
+    """Keep the permanent and the kept checkpoints and the latest `keep_last` others; delete the rest. (The final
+    checkpoint is permanent, and those of periodic evals kept: neither counts against keep_last, so a finished run
+    keeps keep_last resumable points before its end.)"""
     clean_removals(run_dir)
-    others = [p for p in complete_checkpoints(run_dir) if not read_json(p / CHECKPOINT_MANIFEST).get("permanent")]
+    manifests = {p: read_json(p / CHECKPOINT_MANIFEST) for p in complete_checkpoints(run_dir)}
+    others = [p for p, m in manifests.items() if not (m.get("permanent") or m.get("kept"))]
     removed = []
     for p in others[:-keep_last] if keep_last > 0 else others:
         # Out of the checkpoint namespace first (one atomic rename), then delete: a process killed in the

@@ -228,6 +228,10 @@ def check_rollout_and_placement(cfg: Config, out: Findings) -> None:
     elif p.device == "cuda" and not cuda_visible():
         out.error("placement.device", p.device, "no CUDA device is visible", "use placement.device=auto or cpu")
     check_sharded_placement(cfg, out)
+    if cfg.train.eval_steps and (p.kind is PlacementKind.fsdp or p.zero_stage == 3):
+        out.error("train.eval_steps", cfg.train.eval_steps, f"a periodic eval generates on rank 0 alone, and "
+                  f"placement={p.name} shards the weights over the ranks", "use placement=ddp, or train.eval_steps=0 "
+                  "(then `python -m harness.eval RUN_DIR policy=checkpoint-N` scores a kept checkpoint afterwards)")
     if cfg.logger.wandb_mode not in ("online", "offline", "disabled"):
         out.error("logger.wandb_mode", cfg.logger.wandb_mode, "must be online, offline or disabled",
                   "use logger.wandb_mode=offline (no network here)")

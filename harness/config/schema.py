@@ -181,6 +181,7 @@ class TrainConfig:
     keep_last: int = f(2, "resumable checkpoints kept besides the permanent final one", semantic=False, ge=1)
     eval_before: bool = f(True, "RL arms: evaluate the init policy before training")
     eval_after: bool = f(True, "evaluate the final policy after training")
+    eval_steps: int = f(0, "also evaluate greedily every N optimizer steps, as the final eval does (same split and views): the curve of accuracy vs sampled tokens; the checkpoint of each such step is kept (not rotated); 0 = off", semantic=False, ge=0)
     eval_batch_size: int = f(64, "prompts per greedy eval batch", semantic=False, ge=1)
     eval_max_new_tokens: int = f(16, "greedy eval: tokens generated per answer at most", ge=1)
     max_nonfinite_steps: int = f(3, "optimizer steps whose gradient is not finite (NaN/inf loss or gradient) that are skipped (no optimizer or scheduler update; their sampled tokens still count) before the run stops with an error", semantic=False, ge=0)

@@ -15,6 +15,23 @@ def artifact_path(run_dir: str | Path, split: str, label: str) -> Path:
     return Path(run_dir) / "eval" / f"{artifact_name(split, label)}.json"
 
 
+def periodic_evals(run_dir: str | Path, split: str) -> list[dict]:
+    """The periodic evals of a run (train.eval_steps: eval/<split>-checkpoint-N.json with a `step`), by step;
+    a later `python -m harness.eval RUN_DIR policy=checkpoint-N` (no `step`) is not one. Unreadable ones are
+    left out (harness.verify names them)."""
+    import json
+
+    out = []
+    for p in (Path(run_dir) / "eval").glob(f"{split}-checkpoint-*.json"):
+        try:
+            res = json.loads(p.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(res, dict) and isinstance(res.get("step"), int):
+            out.append({**res, "artifact": p.name})
+    return sorted(out, key=lambda r: r["step"])
+
+
 def decoding(max_new_tokens: int, batch_size: int) -> dict:
     """An eval artifact's `decoding`: greedy, and the settings that change its completions (the batch size
     through padding)."""

@@ -193,10 +193,22 @@ def summarize(scored: list[tuple[dict, object]], direction: list[bool | None] | 
 def run_eval(model, processor, root: Path, rows: list[dict], *, plan, run_dir: Path, split: str, label: str,
              policy: str, reward_cfg, is_vlm: bool, max_new_tokens: int, batch_size: int,
              suppress_token_ids: list[int], eos_token_ids: list[int], extra: dict | None = None) -> dict:
+    """Evaluate and write eval/<split>[-label].json with its predictions (`evaluate`, then `write_eval`)."""
+    result, preds = evaluate(model, processor, root, rows, plan=plan, split=split, label=label, policy=policy,
+                             reward_cfg=reward_cfg, is_vlm=is_vlm, max_new_tokens=max_new_tokens,
+                             batch_size=batch_size, suppress_token_ids=suppress_token_ids,
+                             eos_token_ids=eos_token_ids, extra=extra)
+    write_eval(run_dir, result, preds)
+    return result
+
+
+def evaluate(model, processor, root: Path, rows: list[dict], *, plan, split: str, label: str, policy: str,
+             reward_cfg, is_vlm: bool, max_new_tokens: int, batch_size: int, suppress_token_ids: list[int],
+             eos_token_ids: list[int], extra: dict | None = None) -> tuple[dict, list[dict]]:
+    """(the artifact's content, one prediction per view): greedy completions scored, direction accuracy; writes
+    nothing (a periodic eval writes once its checkpoint's weights digest is known)."""
     t0 = time.time()
     scored, preds = [], []
-    import json
-
     for row, text, ids, truncated in generate_greedy(
         model, processor, root, rows, is_vlm=is_vlm, max_new_tokens=max_new_tokens, batch_size=batch_size,
         suppress_token_ids=suppress_token_ids, eos_token_ids=eos_token_ids,
@@ -221,8 +233,15 @@ def run_eval(model, processor, root: Path, rows: list[dict], *, plan, run_dir: P
         **(extra or {}),
         **summarize(scored, direction),
     }
-    out = artifact_path(run_dir, split, label)
+    return result, preds
+
+
+def write_eval(run_dir: Path, result: dict, preds: list[dict]) -> Path:
+    """eval/<split>[-label].json and its predictions JSONL (written first: the artifact names a complete eval)."""
+    import json
+
+    out = artifact_path(run_dir, result["split"], result["label"])
     atomic_write_bytes(out.with_suffix(".predictions.jsonl"),
                        "".join(json.dumps(p, sort_keys=True) + "\n" for p in preds).encode())
     atomic_write_json(out, result)
-    return result
+    return out

@@ -11,7 +11,7 @@ from arms.common import trainer_totals
 from harness import dist
 from harness.accounting.checkpoint import complete_checkpoints
 from harness.accounting.logs import ledger_summary
-from harness.eval import artifact_path
+from harness.eval import artifact_path, periodic_evals
 from harness.faults import point
 from harness.models import imagecache
 from harness.policy import save_final_policy
@@ -74,9 +74,13 @@ def write_completion(plan, run, *, ctx, trainer, train_out, evals: dict, wall_s:
         "init": run.manifest.get("init"),
         "eval_before": _eval_summary(evals.get("before")),
         "eval_after": _eval_summary(evals.get("after")),
+        # train.eval_steps: the curve between them (each point's artifact has per-relation figures and predictions)
+        "eval_points": [{k: e.get(k) for k in ("step", "completion_tokens", "accuracy", "policy_sha256", "artifact")}
+                        for e in periodic_evals(run.path, c["data"]["eval_split"])],
         "checkpoints": [p.name for p in complete_checkpoints(run.path)],
         "wall_time_s": round(wall_s, 3),
         "train_runtime_s": round(train_out.metrics.get("train_runtime", 0.0), 3),
+        "eval_during_train_s": round(ctx.eval_s, 3),  # periodic evals of this process (in phases_s.train)
         "peak_rss_mb": round(peak_rss_mb, 1),
         "peak_cuda_mb": _peak_cuda_mb(),
         "image_cache": image_cache,

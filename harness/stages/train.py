@@ -54,20 +54,41 @@ def open_logs(plan, run_dir: Path, resume: ResumePoint) -> RunContext:
 
 def eval_policy(plan, run_dir: Path, data, policy: Policy, *, label: str, policy_ref: str, weights) -> dict:
     """Greedy eval of the live model on the plan's held-out split: eval/<split>[-label].json."""
-    from harness.eval.greedy import run_eval
+    from harness.eval.greedy import write_eval
     from harness.policy import weights_digest
 
-    c = plan.config
-    res = run_eval(policy.model, policy.processor, data.root, data.test_rows, plan=plan, run_dir=run_dir,
-                   split=c["data"]["eval_split"], label=label, policy=policy_ref, reward_cfg=reward_config(c["reward"]),
-                   is_vlm=c["model"]["is_vlm"], max_new_tokens=c["train"]["eval_max_new_tokens"],
-                   batch_size=c["train"]["eval_batch_size"], suppress_token_ids=policy.suppress_token_ids,
-                   eos_token_ids=policy.eos_token_ids,
-                   # what makes the artifact comparable with a later `python -m harness.eval` of the same weights
-                   extra=eval_settings(plan, data, weights_digest(weights)))
+    res, preds = score_policy(plan, data, policy, label=label, policy_ref=policy_ref, policy_sha256=weights_digest(weights))
+    write_eval(run_dir, res, preds)
     log.info("eval %s: accuracy %.3f on %d %s views", "after" if label == "final" else label, res["accuracy"],
-             res["n"], c["data"]["eval_split"])
+             res["n"], plan.config["data"]["eval_split"])
     return res
+
+
+def score_policy(plan, data, policy: Policy, *, label: str, policy_ref: str,
+                 policy_sha256: str | None) -> tuple[dict, list[dict]]:
+    """(artifact, predictions) of the live model's greedy eval on the plan's held-out split; writes nothing."""
+    from harness.eval.greedy import evaluate
+
+    c = plan.config
+    return evaluate(policy.model, policy.processor, data.root, data.test_rows, plan=plan, split=c["data"]["eval_split"],
+                    label=label, policy=policy_ref, reward_cfg=reward_config(c["reward"]), is_vlm=c["model"]["is_vlm"],
+                    max_new_tokens=c["train"]["eval_max_new_tokens"], batch_size=c["train"]["eval_batch_size"],
+                    suppress_token_ids=policy.suppress_token_ids, eos_token_ids=policy.eos_token_ids,
+                    # what makes the artifact comparable with a later `python -m harness.eval` of the same weights
+                    extra=eval_settings(plan, data, policy_sha256))
+
+
+def periodic_eval(plan, run_dir: Path, data, policy: Policy, ctx: RunContext):
+    """train.eval_steps: the PeriodicEvalCallback of this run (its sink logger is set once the trainer exists)."""
+    from harness.callbacks import PeriodicEvalCallback
+    from harness.eval.greedy import write_eval
+
+    def evaluate(step: int):
+        ref = f"checkpoint-{step}"  # the weights digest is added at save time (harness.callbacks)
+        return score_policy(plan, data, policy, label=ref, policy_ref=ref, policy_sha256=None)
+
+    return PeriodicEvalCallback(ctx, plan.config["train"]["eval_steps"], evaluate=evaluate,
+                                write=lambda result, preds: write_eval(run_dir, result, preds), log=None)
 
 
 def eval_settings(plan, data, policy_sha256: str | None) -> dict:
@@ -152,8 +173,9 @@ def build(plan, run_dir: Path, data, policy: Policy, ctx: RunContext, resume: Re
     else:
         dataset, reward = sft_dataset(data.root, data.train_rows, is_vlm=is_vlm, seed=c["seed"]), None
     checkpoints = CheckpointCallback(ctx, keep_last=c["train"]["keep_last"])
+    periodic = periodic_eval(plan, run_dir, data, policy, ctx) if c["train"]["eval_steps"] else None
     callbacks = [BudgetCallback(ctx), HaltCallback(ctx, halt or Halt(), c["budget"]["stop_after_steps"]),
-                 MetricsCallback(ctx, console=c["logger"]["console"]), checkpoints]
+                 MetricsCallback(ctx, console=c["logger"]["console"]), *([periodic] if periodic else []), checkpoints]
     callbacks.append(NonFiniteCallback(ctx, c["train"]["max_nonfinite_steps"]))  # last: it can veto the save
     if dumps is not None:
         callbacks.append(WatchdogCallback(dumps))
@@ -162,6 +184,8 @@ def build(plan, run_dir: Path, data, policy: Policy, ctx: RunContext, resume: Re
                         suppress_token_ids=policy.suppress_token_ids, device=device_of(plan), world=ctx.world)
     trainer = build_trainer(plan.arm, bctx)
     checkpoints.trainer_totals = lambda: trainer_totals(trainer)  # the counters protocol
+    if periodic is not None:  # its eval_* values to every sink (TensorBoard, W&B; metrics.jsonl if not logged yet)
+        periodic.log = lambda logs: trainer.callback_handler.on_log(trainer.args, trainer.state, trainer.control, logs)
     if resume.checkpoint is not None and hasattr(trainer, "restore_checkpoint_totals"):
         trainer.restore_checkpoint_totals(resume.totals(ctx.rank))
     if not plan.rl:

@@ -95,7 +95,7 @@ CHECKS: list[Check] = [check_manifest_fields, check_identity, check_completion, 
 
 def verify(run_dir: str | Path) -> list[str]:
     """Every violation found in `run_dir` (empty when it is consistent)."""
-    run_dir = Path(run_dir)
+    run_dir = Path(run_dir).resolve()  # `verify .` names the directory too
     if not run_dir.is_dir():
         return [f"{run_dir} is not a directory"]
     path = run_dir / MANIFEST

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from harness.accounting.logs import METRICS_PATH, Frontier, FrontierError, check_frontier, read_rows
 from harness.accounting.checkpoint import CHECKPOINT_MANIFEST, checkpoint_problems, complete_checkpoints, list_checkpoints
-from harness.eval import artifact_name, artifact_path
+from harness.eval import artifact_name, artifact_path, periodic_evals
 from harness.identity import sha256_file
 from harness.rundir import COMPLETION, completion_kind, read_json
 
@@ -178,5 +178,30 @@ def check_log_frontiers(run_dir: Path, m: dict) -> list[str]:
     return out
 
 
+def check_periodic_evals(run_dir: Path, m: dict) -> list[str]:
+    """train.eval_steps: each periodic eval artifact (eval/<split>-checkpoint-N.json with a `step`) scored the
+    weights of its kept checkpoint-N (same digest), and its accuracy is the one metrics.jsonl holds at step N. Only
+    for a completed run: an unfinished one may hold an eval of a step whose checkpoint the next start redoes."""
+    from harness.policy import weights_digest
+
+    if m.get("status") != "completed" or not (run_dir / "eval").is_dir():
+        return []
+    logged = {r.get("step"): r for r in read_rows(run_dir / METRICS_PATH)} if (run_dir / METRICS_PATH).is_file() else {}
+    out = []
+    split = (((m.get("plan") or {}).get("config") or {}).get("data") or {}).get("eval_split", "test")
+    for res in periodic_evals(run_dir, split):
+        name, ckpt = res["artifact"], run_dir / "checkpoints" / str(res.get("checkpoint"))
+        if not (ckpt / CHECKPOINT_MANIFEST).is_file():
+            out.append(f"eval/{name}: its checkpoint {res.get('checkpoint')} is gone (a periodic eval's checkpoint "
+                       "is kept)")
+        elif weights_digest(ckpt) != res.get("policy_sha256"):
+            out.append(f"eval/{name}: policy_sha256 is not the weights digest of {ckpt.name}")
+        row = logged.get(res["step"]) or {}
+        if row.get("eval_accuracy") != res.get("accuracy"):
+            out.append(f"eval/{name}: accuracy {res.get('accuracy')} but metrics.jsonl has eval_accuracy "
+                       f"{row.get('eval_accuracy')} at step {res['step']}")
+    return out
+
+
 CHECKS = [check_completion_accounting, check_checkpoints, check_log_frontiers, check_final_policy, check_metrics,
-          check_evals]
+          check_evals, check_periodic_evals]

@@ -277,3 +277,46 @@ def test_speed_knobs_change_nothing(out, arm):
                 assert m[step][k] == pytest.approx(ref_metrics[step][k], rel=1e-6, abs=1e-8), (name, step, k)
         worst = max((w[k] - ref_weights[k]).abs().max().item() for k in ref_weights)
         assert worst <= 1e-6, f"{name}: weights differ by up to {worst:.3g}"
+
+
+@pytest.mark.parametrize("arm", ["grpo", "papo"])
+def test_periodic_eval_changes_nothing_and_binds_to_kept_checkpoints(out, arm):
+    """train.eval_steps is an observation: with it, five steps sample the same completions, log the same values and
+    end at the same weights, bit for bit, as without it (papo draws its image masks from the RNG the eval must not
+    move). Each eval scored the weights of its step's checkpoint (digest), which retention keeps; its values are in
+    that step's metrics row; the last step is left to the final eval. Same run dir (not semantic): each run is
+    removed after it is read."""
+    import shutil
+
+    from harness.policy import weights_digest
+    from harness.verify import verify
+
+    seen = {}
+    for every in (0, 2):
+        d = run(out, f"arm={arm}", "budget.max_steps=5", "train.save_steps=5", "train.keep_last=1",
+                f"train.eval_steps={every}")
+        assert verify(d) == [], verify(d)
+        ckpts = sorted(int(p.name.split("-")[1]) for p in (d / "checkpoints").glob("checkpoint-*"))
+        evals = {int(p.stem.rsplit("-", 1)[1]): json.loads(p.read_text()) for p in (d / "eval").glob("*-checkpoint-*.json")
+                 if not p.name.endswith(".predictions.jsonl")}
+        digests = {s: weights_digest(d / "checkpoints" / f"checkpoint-{s}") for s in ckpts}
+        seen[every] = (sampled(d), metrics(d), weights(d), ckpts, evals, digests)
+        shutil.rmtree(d)
+    ref_samples, ref_metrics, ref_weights, ref_ckpts, ref_evals, _ = seen[0]
+    samples, m, w, ckpts, evals, digests = seen[2]
+    assert ref_ckpts == [5] and ref_evals == {}
+    assert ckpts == [2, 4, 5], "an eval's checkpoint is saved and kept (keep_last=1 would rotate 2 and 4 away)"
+    assert sorted(evals) == [2, 4]
+    for step, res in evals.items():
+        assert res["policy_sha256"] == digests[step] and res["step"] == step
+        assert res["completion_tokens"] == sum(t[1] for t, _ in samples if t[3] < step)  # ledger steps are 0-based
+        assert m[step]["eval_accuracy"] == res["accuracy"]
+        assert m[step]["eval_accuracy_FULL"] == res["per_relation"]["FULL"]["accuracy"]
+    assert not any(k.startswith("eval_") for s in (1, 3, 5) for k in m[s])
+    assert samples == ref_samples, "the eval changed what was sampled or how it scored"
+    assert len({t[0] for _, t in ref_samples}) > 1
+    assert sorted(m) == sorted(ref_metrics)
+    for step, row in ref_metrics.items():
+        same = {k: v for k, v in m[step].items() if not k.startswith("eval_") and k != "step_time"}
+        assert same == {k: v for k, v in row.items() if k != "step_time"}, step
+    assert all(torch.equal(w[k], ref_weights[k]) for k in ref_weights), "the eval changed the update"

@@ -10,12 +10,37 @@ import pytest
 from harness.accounting import checkpoint as ckpt
 
 
-def _publish(run_dir, step: int, permanent: bool = False):
+def _publish(run_dir, step: int, permanent: bool = False, kept: str | None = None):
     d = run_dir / "checkpoints" / f"checkpoint-{step}"
     d.mkdir(parents=True)
     for name in ("model.safetensors", "optimizer.pt", "scheduler.pt"):
         (d / name).write_bytes(bytes([step]) * 100)
-    ckpt.publish(d, step=step, identity={}, frontier={}, state={}, totals={}, permanent=permanent)
+    ckpt.publish(d, step=step, identity={}, frontier={}, state={}, totals={}, permanent=permanent, kept=kept)
+    return d
+
+
+def test_kept_and_permanent_checkpoints_survive_retention_and_do_not_count_against_keep_last(tmp_path):
+    for step, kept in ((2, "eval"), (3, None), (4, "eval"), (5, None), (6, None)):
+        _publish(tmp_path, step, kept=kept)
+    _publish(tmp_path, 7, permanent=True)
+    assert ckpt.apply_retention(tmp_path, keep_last=1) == ["checkpoint-3", "checkpoint-5"]
+    assert [p.name for p in ckpt.complete_checkpoints(tmp_path)] == [f"checkpoint-{s}" for s in (2, 4, 6, 7)]
+
+
+def test_the_digest_of_unpublished_weights_is_the_published_one(tmp_path):
+    """A periodic eval digests its checkpoint's weights before the manifest exists; verify compares it with the
+    manifest's digest afterwards: the two must agree (and leave the optimizer out)."""
+    from harness.policy import weights_digest, weights_digest_of_files
+
+    d = tmp_path / "checkpoint-2"
+    d.mkdir()
+    (d / "model.safetensors").write_bytes(b"w" * 50)
+    (d / "optimizer.pt").write_bytes(b"o" * 50)
+    before = weights_digest_of_files(d)
+    ckpt.publish(d, step=2, identity={}, frontier={}, state={}, totals={}, permanent=False)
+    assert before is not None and before == weights_digest(d)
+    (d / "optimizer.pt").write_bytes(b"x" * 50)
+    assert weights_digest_of_files(d) == before
 
 
 def test_a_kill_during_removal_leaves_no_half_checkpoint(tmp_path, monkeypatch):
@@ -82,3 +107,22 @@ def test_the_final_checkpoint_does_not_count_against_keep_last(tmp_path):
         _publish(tmp_path, step, permanent=step == 8)
     assert ckpt.apply_retention(tmp_path, keep_last=2) == ["checkpoint-2"]
     assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == ["checkpoint-4", "checkpoint-6", "checkpoint-8"]
+
+
+def test_the_rng_is_where_it_was_after_a_periodic_eval():
+    """PeriodicEvalCallback evaluates inside preserved_rng: whatever the eval draws, training draws what it would
+    have drawn without it (greedy decoding draws nothing today; a sampling eval or a dropout model would)."""
+    import random
+
+    import numpy as np
+    import torch
+
+    from harness.callbacks import preserved_rng
+
+    torch.manual_seed(0), random.seed(0), np.random.seed(0)
+    want = (torch.rand(3), random.random(), np.random.rand())
+    torch.manual_seed(0), random.seed(0), np.random.seed(0)
+    with preserved_rng():
+        torch.rand(7), random.random(), np.random.rand(5)
+    got = (torch.rand(3), random.random(), np.random.rand())
+    assert torch.equal(got[0], want[0]) and got[1:] == want[1:]
