@@ -52,7 +52,7 @@ def _code_identity(runs: list[Run]) -> dict:
 def _remove_stale_plots(out: Path, keep: set[str]) -> None:
     """Plots of an earlier report in the same folder (e.g. -g2 after the groups changed) would mislead."""
     for p in out.glob("*.png"):
-        if re.fullmatch(r"(reward_vs_tokens|eval_accuracy_by_relation|budget_use)(-g\d+)?\.png", p.name) \
+        if re.fullmatch(r"(reward_vs_tokens|eval_accuracy_by_relation|budget_use|accuracy_vs_tokens|diagnostics)(-g\d+)?\.png", p.name) \
                 and p.name not in keep:
             p.unlink()
 
@@ -130,6 +130,8 @@ def build_report(directory: Path, baseline: str = "grpo", out: Path | None = Non
             "eval_accuracy_by_relation": P.eval_accuracy_by_relation(g, out / f"eval_accuracy_by_relation{sfx}.png",
                                                                      split or "eval"),
             "budget_use": P.budget_use(g, out / f"budget_use{sfx}.png"),
+            "accuracy_vs_tokens": P.accuracy_vs_tokens(g, out / f"accuracy_vs_tokens{sfx}.png", split or "eval"),
+            "diagnostics": P.diagnostics(g, out / f"diagnostics{sfx}.png"),
         }
         groups_json.append(_group_json(g, drawn, _budget_rows(g, placed)))
 

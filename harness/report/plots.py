@@ -74,6 +74,24 @@ def moving_average(y: np.ndarray, w: int) -> np.ndarray:
         return np.where(cnt > 0, (s[1:] - s[lo]) / np.maximum(cnt, 1), np.nan)
 
 
+def seed_band(ax, curves: list[tuple[np.ndarray, np.ndarray]], s: dict, label: str, lw: float = 1.8,
+              legend: bool = True) -> None:
+    """Seeds' curves (x increasing) as their mean (line) and min–max (band) over the x range every seed covers,
+    linearly interpolated between each seed's own points; without a common range, each seed on its own."""
+    lo, hi = max(x[0] for x, _ in curves), min(x[-1] for x, _ in curves)
+    if lo < hi:
+        grid = np.linspace(lo, hi, GRID_POINTS)
+        ys = np.vstack([np.interp(grid, x, y) for x, y in curves])  # (seeds, grid)
+        ax.plot(grid, ys.mean(axis=0), color=s["color"], linestyle=s["linestyle"], lw=lw,
+                label=f"{label} (n={len(curves)})" if legend else None)
+        if len(curves) > 1:
+            ax.fill_between(grid, ys.min(axis=0), ys.max(axis=0), color=s["color"], alpha=0.18, lw=0)
+        return
+    for k, (x, y) in enumerate(curves):
+        ax.plot(x, y, color=s["color"], linestyle=s["linestyle"], marker="o" if x.size == 1 else None,
+                lw=1.2, label=f"{label} (seed curves)" if k == 0 and legend else None)
+
+
 # --- a. train reward vs sampled tokens
 
 
@@ -97,21 +115,8 @@ def reward_vs_tokens(group: Group, path: Path) -> dict:
             if keep.any():
                 curves.append((x[keep], ys[keep]))
                 windows.setdefault(c.label, []).append(w)
-        if not curves:
-            continue
-        s = st[c.label]
-        lo, hi = max(x[0] for x, _ in curves), min(x[-1] for x, _ in curves)
-        if lo < hi:
-            grid = np.linspace(lo, hi, GRID_POINTS)
-            ys = np.vstack([np.interp(grid, x, y) for x, y in curves])  # (seeds, grid)
-            ax.plot(grid, ys.mean(axis=0), color=s["color"], linestyle=s["linestyle"], lw=1.8,
-                    label=f"{c.label} (n={len(curves)})")
-            if len(curves) > 1:
-                ax.fill_between(grid, ys.min(axis=0), ys.max(axis=0), color=s["color"], alpha=0.18, lw=0)
-        else:  # no token range every seed covers: each seed on its own
-            for k, (x, y) in enumerate(curves):
-                ax.plot(x, y, color=s["color"], linestyle=s["linestyle"], marker="o" if x.size == 1 else None,
-                        lw=1.2, label=f"{c.label} (seed curves)" if k == 0 else None)
+        if curves:
+            seed_band(ax, curves, st[c.label], c.label)
     ceilings = {r.metrics.get("budget/ceiling") for c in rl for r in c.runs}
     ceiling = ceilings.pop() if len(ceilings) == 1 else None
     right = max((float(np.sum(r.curve["tokens"])) for c in rl for r in c.runs if r.curve), default=0.0)
@@ -220,3 +225,114 @@ def budget_use(group: Group, path: Path) -> dict:
                  "(SFT trains on a loss-token budget and is not shown)", fontsize=10)
     _save(fig, path)
     return {"file": path.name}
+
+
+# --- d. held-out accuracy vs sampled tokens (train.eval_steps)
+
+
+def accuracy_vs_tokens(group: Group, path: Path, split: str) -> dict:
+    """Per RL condition, greedy held-out accuracy (overall and per relation) by the sampled tokens spent before
+    it: eval before (0), the periodic evals, the final eval; mean over seeds, min–max band, each eval a dot."""
+    rl = [c for c in group.conditions if c.rl and any(len(r.eval_curve) >= 2 for r in c.runs)]
+    if not rl:
+        return {"file": None, "skipped": "no RL run with an eval before and after training"}
+    st = styles(group.conditions)
+    panels = ["overall", *RELATIONS]
+    fig, axes = plt.subplots(1, len(panels), sharey=True, figsize=(3.1 * len(panels) + 2.2, 3.9),
+                             layout="constrained")
+    inits, points = [], {}
+    for c in rl:
+        runs = [r for r in c.runs if len(r.eval_curve) >= 2]
+        points[c.label] = max(len(r.eval_curve) for r in runs)
+        inits += [r.eval_curve[0]["accuracy"] for r in runs if r.eval_curve[0]["label"] == "before"]
+        for ax, panel in zip(axes, panels):
+            curves = []
+            for r in runs:
+                pts = [(p["tokens"], p["accuracy"] if panel == "overall" else p["per_relation"].get(panel))
+                       for p in r.eval_curve]
+                pts = [(x, y) for x, y in pts if y is not None]
+                if pts:
+                    x, y = (np.array(v, dtype=float) for v in zip(*pts))
+                    curves.append((x, y))
+                    ax.scatter(x, y, s=7, color=st[c.label]["color"], alpha=0.55, linewidths=0, zorder=3,
+                               clip_on=False)
+            if curves:
+                seed_band(ax, curves, st[c.label], c.label, legend=ax is axes[0])
+    init = float(np.mean(inits)) if inits else None
+    for ax, panel in zip(axes, panels):
+        if init is not None and panel == "overall":
+            ax.axhline(init, color="black", linestyle=":", lw=1,
+                       label=f"init: eval before, mean of {len(inits)} run(s) ({init:.3f})")
+        ax.set_title(panel, fontsize=10)
+        ax.set_ylim(-0.02, 1.02)
+        ax.set_xlim(left=0)
+        ax.xaxis.set_major_formatter(FuncFormatter(_kilo))
+        ax.grid(alpha=0.3)
+        ax.set_xlabel("sampled completion tokens")
+    axes[0].set_ylabel(f"greedy accuracy on {split} (fraction of views)")
+    axes[-1].legend(*axes[0].get_legend_handles_labels(), loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8,
+                    frameon=False)
+    most = max(points.values())
+    how = "eval before, the periodic evals (train.eval_steps) and the final eval" if most > 2 else \
+        "eval before and after only (train.eval_steps=N adds the points between)"
+    fig.suptitle(f"Held-out accuracy vs sampled tokens: {how}\nline = mean over seeds (linear between a seed's "
+                 "evals), band = min–max over seeds, dot = one eval of one seed", fontsize=10)
+    _save(fig, path)
+    return {"file": path.name, "points_per_run": points, "init_accuracy": init}
+
+
+# --- e. training diagnostics (metrics.jsonl)
+
+
+def diagnostics(group: Group, path: Path) -> dict:
+    """metrics.jsonl's training diagnostics by sampled tokens: the ones every RL arm logs (reward, loss, KL,
+    entropy, grad norm, lengths, clipping) and each arm's own terms (loss/<term>, <arm>/<stat>), one panel each;
+    a panel shows the conditions that logged it. Moving average over steps//20 steps; mean and min–max over seeds."""
+    from harness.report.runs import SHARED_DIAGNOSTICS
+
+    rl = [c for c in group.conditions if c.rl and any(r.diagnostics for r in c.runs)]
+    if not rl:
+        return {"file": None, "skipped": "no RL run with metrics.jsonl"}
+    keys = sorted({k for c in rl for r in c.runs for k in r.diagnostics})
+    shared = [k for k in SHARED_DIAGNOSTICS if k in keys]
+    own = [k for k in keys if k not in SHARED_DIAGNOSTICS]
+    panels = shared + own
+    cols = 4
+    rows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.4 * cols + 2.2, 2.6 * rows + 0.9), layout="constrained",
+                             squeeze=False)
+    st = styles(group.conditions)
+    who: dict[str, list[str]] = {}
+    for ax, key in zip(axes.flat, panels):
+        for c in rl:
+            curves = []
+            for r in c.runs:
+                series = r.diagnostics.get(key)
+                if not series or r.curve is None:
+                    continue
+                spent = dict(zip(r.curve["step"], np.cumsum(np.asarray(r.curve["tokens"], dtype=float))))
+                steps = sorted(s for s in series if s - 1 in spent)  # metrics step k follows ledger step k - 1
+                if not steps:
+                    continue
+                x = np.array([spent[s - 1] for s in steps])
+                y = moving_average(np.array([series[s] for s in steps]), max(1, len(steps) // 20))
+                curves.append((x, y))
+            if curves:
+                seed_band(ax, curves, st[c.label], c.label, lw=1.3, legend=False)
+                who.setdefault(key, []).append(c.label)
+        ax.set_title(key + ("" if key in SHARED_DIAGNOSTICS else "  (arm's own)"), fontsize=9)
+        ax.xaxis.set_major_formatter(FuncFormatter(_kilo))
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.set_visible(False)
+    for ax in axes[-1]:
+        ax.set_xlabel("sampled completion tokens", fontsize=8)
+    handles = [plt.Line2D([], [], color=st[c.label]["color"], linestyle=st[c.label]["linestyle"], lw=1.5)
+               for c in rl]
+    fig.legend(handles, [f"{c.label} (n={len(c.runs)})" for c in rl], loc="outside right upper", fontsize=8,
+               frameon=False)
+    fig.suptitle("Training diagnostics (metrics.jsonl) vs sampled tokens: moving average over steps//20 steps, "
+                 "line = mean over seeds, band = min–max", fontsize=10)
+    _save(fig, path)
+    return {"file": path.name, "panels": {k: who.get(k, []) for k in panels}}

@@ -151,8 +151,10 @@ def _group(rep: dict, g: dict) -> list[str]:
         for r in c["duplicates"]:
             out.append(f"  - seed {r['seed']} again: `{r['run']}` (a second run of this seed: listed, not averaged)")
     out += ["", f"{h} Plots", ""]
-    for key, caption in (("reward_vs_tokens", "Train reward vs cumulative sampled completion tokens"),
+    for key, caption in (("accuracy_vs_tokens", "Held-out accuracy vs sampled tokens"),
+                         ("reward_vs_tokens", "Train reward vs cumulative sampled completion tokens"),
                          ("eval_accuracy_by_relation", "Eval accuracy by relation"),
+                         ("diagnostics", "Training diagnostics (metrics.jsonl)"),
                          ("budget_use", "Budget use (RL conditions)")):
         p = g["plots"].get(key) or {}
         if p.get("file"):

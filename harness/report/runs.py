@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.eval import artifact_path
+from harness.accounting.logs import METRICS_PATH
+from harness.eval import artifact_path, periodic_evals
 from harness.rundir import completion_kind
 
 MANIFEST = "run_manifest.json"
@@ -64,6 +65,8 @@ class Run:
     eval_after: dict | None = None
     eval_before: dict | None = None
     curve: dict | None = None  # {"step": [...], "tokens": [...], "reward": [...]} for RL runs
+    eval_curve: list[dict] = field(default_factory=list)  # RL: [{"tokens", "accuracy", "per_relation", "label"}]
+    diagnostics: dict[str, dict[int, float]] = field(default_factory=dict)  # metrics.jsonl: key -> {step: value}
     notes: list[str] = field(default_factory=list)
     metrics: dict[str, float | None] = field(default_factory=dict)
 
@@ -280,7 +283,55 @@ def read_run(path: Path) -> Run:
     run.eval_before = _eval_block(path, split, "before", completion.get("eval_before"))
     run.curve = read_curve(path, notes)
     run.metrics = run_metrics(run)
+    if run.curve is not None:
+        run.eval_curve = read_eval_curve(run)
+        run.diagnostics = read_diagnostics(path, notes)
     return run
+
+
+def _accuracies(block: dict) -> dict:
+    return {"accuracy": _get(block, "accuracy"),
+            "per_relation": {rel: _get(block, "per_relation", rel, "accuracy") for rel in RELATIONS}}
+
+
+def read_eval_curve(run: Run) -> list[dict]:
+    """Held-out accuracy by the sampled tokens spent before it: the eval before training (0 tokens), each periodic
+    eval (train.eval_steps: eval/<split>-checkpoint-N.json), the final eval (all the run's tokens)."""
+    out = []
+    if run.eval_before and _get(run.eval_before, "accuracy") is not None:
+        out.append({"tokens": 0.0, "label": "before", **_accuracies(run.eval_before)})
+    for res in periodic_evals(run.path, run.eval_split):
+        if _get(res, "completion_tokens") is not None and _get(res, "accuracy") is not None:
+            out.append({"tokens": float(res["completion_tokens"]), "label": res["artifact"], **_accuracies(res)})
+    if run.eval_after and _get(run.eval_after, "accuracy") is not None and run.metrics.get("budget/tokens") is not None:
+        out.append({"tokens": run.metrics["budget/tokens"], "label": "final", **_accuracies(run.eval_after)})
+    return out
+
+
+#: metrics.jsonl keys the report draws for every RL arm (when logged); an arm's own terms (loss/<term>,
+#: <arm>/<stat>) are found by prefix. TRL's names (trl/trainer/grpo_trainer.py, GRPOTrainer._metrics).
+SHARED_DIAGNOSTICS = ("reward", "reward_std", "frac_reward_zero_std", "loss", "kl", "entropy", "grad_norm",
+                      "completions/mean_length", "completions/clipped_ratio", "clip_ratio/region_mean")
+OWN_PREFIXES = ("loss/",)
+
+
+def read_diagnostics(run_dir: Path, notes: list[str]) -> dict[str, dict[int, float]]:
+    """metrics.jsonl's training diagnostics: the shared ones and the arm's own terms, key -> {step: value}."""
+    p = run_dir / METRICS_PATH
+    if not p.is_file():
+        return {}
+    out: dict[str, dict[int, float]] = {}
+    for row in _read_jsonl([p], notes):
+        step = row.get("step")
+        if not isinstance(step, int):
+            continue
+        for k, v in row.items():
+            own = k.startswith(OWN_PREFIXES) or ("/" in k and k.split("/", 1)[0] not in ("budget", "clip_ratio",
+                                                                                        "completions", "rewards"))
+            if (k in SHARED_DIAGNOSTICS or own) and isinstance(v, (int, float)) and not isinstance(v, bool) \
+                    and math.isfinite(v):
+                out.setdefault(k, {})[step] = float(v)
+    return out
 
 
 # --- per-run metrics (the keys of report.json)
