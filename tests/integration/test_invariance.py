@@ -301,6 +301,13 @@ def test_periodic_eval_changes_nothing_and_binds_to_kept_checkpoints(out, arm):
                  if not p.name.endswith(".predictions.jsonl")}
         digests = {s: weights_digest(d / "checkpoints" / f"checkpoint-{s}") for s in ckpts}
         seen[every] = (sampled(d), metrics(d), weights(d), ckpts, evals, digests)
+        if every and arm == "grpo":  # verify ties each point to its checkpoint and its metrics row
+            art = d / "eval" / "test-checkpoint-2.json"
+            art.write_text(json.dumps({**evals[2], "accuracy": evals[2]["accuracy"] + 0.25}))
+            shutil.rmtree(d / "checkpoints" / "checkpoint-4")
+            problems = verify(d)
+            assert any("test-checkpoint-2.json: accuracy" in p for p in problems), problems
+            assert any("test-checkpoint-4.json: its checkpoint checkpoint-4 is gone" in p for p in problems), problems
         shutil.rmtree(d)
     ref_samples, ref_metrics, ref_weights, ref_ckpts, ref_evals, _ = seen[0]
     samples, m, w, ckpts, evals, digests = seen[2]

@@ -393,6 +393,8 @@ def test_cli_exits_1_and_lists_every_violation_on_stderr(request, tmp_path):
     run = _copy(request, "one_rank:grpo", tmp_path)
     ok = run_harness(str(run), module="harness.verify", timeout=120)
     assert ok.returncode == 0 and ok.stdout.startswith(f"ok: {run}"), ok.stderr
+    here = run_harness(".", module="harness.verify", cwd=run, timeout=120)  # the directory's name is the run's
+    assert here.returncode == 0 and here.stdout.startswith("ok: ."), here.stderr
     expected = edit_ledger_tokens(run)
     proc = run_harness(str(run), module="harness.verify", timeout=120)
     assert proc.returncode == 1, proc.stdout + proc.stderr

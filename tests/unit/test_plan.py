@@ -276,3 +276,16 @@ def test_a_plan_and_its_parent_survive_the_driver_plan_file(tmp_path):
     plan = compose_plan([f"output_root={tmp_path}", "arm=papo", "seed=2"])
     again = Plan.from_json(json.loads(json.dumps(plan.to_json())))
     assert again == plan and again.parent == plan.parent and again.parent.kind == "sft" and again.rl
+
+
+def test_periodic_eval_is_refused_where_rank_0_cannot_generate_alone(plan_of):
+    for placement in ("placement=fsdp", "placement=deepspeed_zero3"):
+        with pytest.raises(ConfigError) as err:
+            plan_of(placement, "train.eval_steps=50")
+        p = next(p for p in err.value.problems if p.field == "train.eval_steps")
+        assert "rank 0 alone" in p.why and "placement=ddp" in p.fix
+    plan = plan_of("placement=ddp", "placement.num_processes=2", "train.eval_steps=50")
+    assert plan.checkpoints["kept_for_eval"].startswith("every 50 steps")
+    assert "kept_for_eval" not in plan_of().checkpoints
+    # an observation: not in the semantic identity (the same run, with or without the curve)
+    assert plan_of("train.eval_steps=50").identity["semantic_sha256"] == plan_of().identity["semantic_sha256"]

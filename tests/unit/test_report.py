@@ -44,12 +44,14 @@ def make_run(root: Path, arm: str, seed: int, acc: float | None = None, *, befor
              parent: str | None = None, complete: bool = True, direction: float | None = None,
              abst_full: float = 0.0, wall: float = 10.0, subdir: str = "runs", stopped_by: str = "max_steps",
              max_steps: int | None = None, steps_per_generation: int = 1, sft_rows: int = 40,
-             plan_budget: bool = True, model: str | dict = MODEL) -> Path:
+             plan_budget: bool = True, model: str | dict = MODEL, periodic: dict | None = None,
+             metrics_rows: list[dict] | None = None) -> Path:
     """A minimal but faithful run dir: manifest (plan with its budget summary, identity), completion.json,
     eval/test(-before).json, and for RL arms two ranks of ledger (tokens[r] per step each) and trace rows
     (rewards[step]). RL rounds: 2 prompts x 4 generations per step, max_completion_length 16 (a step's
     bound 128 tokens), `steps_per_generation` steps per round. `max_steps` (default `steps`) is the cap.
-    `model`: the model's files_sha256, or a whole identity.model block."""
+    `model`: the model's files_sha256, or a whole identity.model block. `periodic`: {step: (tokens, accuracy)}
+    written as train.eval_steps artifacts; `metrics_rows`: metrics.jsonl."""
     max_steps = steps if max_steps is None else max_steps
     rl = arm != "sft"
     round_knobs = {"prompts_per_step": 2, "num_generations": 4, "max_completion_length": 16,
@@ -116,6 +118,12 @@ def make_run(root: Path, arm: str, seed: int, acc: float | None = None, *, befor
         b = _eval(before, None, None, 0.0)
         _write(run_dir / "eval" / "test-before.json", {"split": "test", "label": "before", **b})
         comp["eval_before"] = b
+    for step, (spent, a) in (periodic or {}).items():
+        _write(run_dir / "eval" / f"test-checkpoint-{step}.json",
+               {"split": "test", "label": f"checkpoint-{step}", "step": step, "checkpoint": f"checkpoint-{step}",
+                "completion_tokens": spent, **_eval(a, None, None, 0.0)})
+    if metrics_rows is not None:
+        (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in metrics_rows))
     _write(run_dir / "completion.json", comp)
     return run_dir
 
@@ -441,3 +449,44 @@ def test_cells_never_print_an_interval_outside_the_range_nor_one_from_two_seeds(
     assert cell("eval/accuracy_change", mean_ci([-0.9, 0.8, 0.9])).endswith("(n=3, t interval cut at the range)")
     assert cell("eval/accuracy", mean_ci([0.5, 0.6, 0.7])) == "0.600 ± 0.248 (n=3)"  # inside [0, 1]: as before
     assert cell("perf/wall_time_s", mean_ci([1.0, 30.0, 2.0])).startswith("11.0 ± ")  # unbounded: a plain interval
+
+
+def test_accuracy_vs_tokens_curve_and_diagnostic_panels(tmp_path):
+    """The curve of a run: eval before at 0 tokens, each periodic eval at the tokens before its step, the final eval
+    at all the run's tokens; a `python -m harness.eval ... policy=checkpoint-N` artifact (no step) is not a point.
+    Diagnostics: the shared series for every RL condition, an arm's own terms for that arm only."""
+    root = tmp_path / "out"
+    rows = lambda arm: [{"step": k, "reward": 0.1 * k, "loss": 0.5, "kl": 0.01 * k, "entropy": 1.0,  # noqa: E731
+                         **({"loss/papo": -0.02, "papo/entropy_masked": 1.5} if arm == "papo" else {}),
+                         "budget/tokens_used_rank0": 30 * k, "eval_accuracy": 0.5} for k in range(1, 11)]
+    for s in range(3):
+        make_run(root, "grpo", s, 0.6, before=0.4, periodic={4: (200, 0.45), 8: (400, 0.55)}, metrics_rows=rows("grpo"))
+        make_run(root, "papo", s, 0.7, before=0.4, knobs={"gamma": 0.02}, periodic={5: (250, 0.5)},
+                 metrics_rows=rows("papo"))
+    manual = next((root / "runs").glob("grpo-*-s0-*")) / "eval" / "test-checkpoint-2.json"
+    _write(manual, {"split": "test", "label": "checkpoint-2", **_eval(0.9, None, None, 0.0)})  # no step: not a point
+    from harness.report.runs import read_run
+
+    run = read_run(next((root / "runs").glob("grpo-*-s0-*")))
+    assert [(p["tokens"], p["accuracy"], p["label"]) for p in run.eval_curve] == [
+        (0.0, 0.4, "before"), (200.0, 0.45, "test-checkpoint-4.json"), (400.0, 0.55, "test-checkpoint-8.json"),
+        (500.0, 0.6, "final")]
+    assert set(run.diagnostics) == {"reward", "loss", "kl", "entropy"}
+    assert run.diagnostics["kl"][10] == pytest.approx(0.1)
+    rep, md = build_report(root)
+    plots = rep["groups"][0]["plots"]
+    assert plots["accuracy_vs_tokens"]["points_per_run"] == {"grpo": 4, "papo": 3}
+    assert plots["accuracy_vs_tokens"]["init_accuracy"] == pytest.approx(0.4)
+    panels = plots["diagnostics"]["panels"]
+    assert list(panels)[:4] == ["reward", "loss", "kl", "entropy"]
+    assert panels["loss/papo"] == ["papo"] and panels["papo/entropy_masked"] == ["papo"]
+    assert panels["reward"] == ["grpo", "papo"]
+    text = md.read_text()
+    for name in ("accuracy_vs_tokens.png", "diagnostics.png"):
+        assert f"({name})" in text and (root / "report" / name).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_without_periodic_evals_the_curve_has_its_two_ends(basic):
+    rep, _ = build_report(basic)
+    assert rep["groups"][0]["plots"]["accuracy_vs_tokens"]["points_per_run"] == {"grpo": 2, "papo": 2}
+    assert rep["groups"][0]["plots"]["diagnostics"]["file"] is None  # no metrics.jsonl in these fixtures
