@@ -128,6 +128,36 @@ def test_sigkill_at_a_point_then_the_same_command_equals_the_uninterrupted_run(b
     base.assert_same(out, ("grpo",) if with_parent else ("sft", "grpo"))
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("point", ["rl.checkpoint@1", "rl.step@3", "atomic:test-checkpoint-4.json"])
+def test_a_periodic_eval_survives_a_kill_as_if_none_happened(base, tmp_path, point):
+    """train.eval_steps=2 killed inside checkpoint-2's save (its eval's artifact written, the checkpoint not
+    published), after step 3 (eval 2 bound, step 3 not saved), or while eval 4's artifact is written: the same
+    command again ends with the uninterrupted run's evals (the same weights digests and figures), metrics rows and
+    final weights, every eval's checkpoint kept, verify clean."""
+    def evals(d: Path) -> dict:  # without the clock and config_sha256 (another output_root: another config)
+        out = {}
+        for p in (d / "eval").glob("test-checkpoint-*.json"):
+            res = {k: v for k, v in json.loads(p.read_text()).items() if k not in ("created_at", "wall_s")}
+            out[p.name] = {**res, "identity": {k: v for k, v in res["identity"].items() if k != "config_sha256"}}
+        return out
+
+    straight = base.case(tmp_path / "straight")
+    assert base.run(straight, "train.eval_steps=2").returncode == 0
+    out = base.case(tmp_path / "out")
+    killed = base.run(out, "train.eval_steps=2", fault=f"{point}:kill")
+    assert killed.returncode == -signal.SIGKILL, f"the run was not killed at {point}: {killed.stderr[-3000:]}"
+    again = base.run(out, "train.eval_steps=2")
+    assert again.returncode == 0, again.stderr[-4000:]
+    a, b = _dir(straight, "grpo"), _dir(out, "grpo")
+    assert verify(b) == [], verify(b)
+    assert evals(a) and evals(b) == evals(a)
+    assert logged_values(b) == logged_values(a)
+    assert (b / "final_policy/model.safetensors").read_bytes() == (a / "final_policy/model.safetensors").read_bytes()
+    kept = lambda d: sorted(p.name for p in (d / "checkpoints").glob("checkpoint-*"))  # noqa: E731
+    assert kept(b) == kept(a)
+
+
 # --- damage to an interrupted run dir: verify names it, the resume falls back or refuses
 
 
