@@ -139,7 +139,6 @@ def val_files(f: Field, ctx: Ctx):
 
 def column(role: str):
     def h(f: Field, ctx: Ctx):
-        ctx.facts.setdefault("columns", {})[role] = f.value
         return "informational_only", None, f"a column name of the source dataset: convert-hf --{role}-column {f.value}"
     return h
 

@@ -20,6 +20,7 @@ FORK_ONLY = ("algorithm.loss_avg_mode", "algorithm.use_kl_prcp", "algorithm.cont
 
 def prepare(ctx: Ctx) -> None:
     g = ctx.get
+    ctx.facts["columns"] = {"image": g("data.image_key"), "question": g("data.prompt_key"), "answer": g("data.answer_key")}
     ctx.facts["fork"] = any(f.set and f.path.startswith(FORK_ONLY) for f in ctx.fields.values())
     ctx.facts["lora"] = (g("worker.actor.model.lora.rank") or 0) > 0
     ctx.facts["papo"] = bool(g("algorithm.use_kl_prcp"))

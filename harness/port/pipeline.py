@@ -84,6 +84,8 @@ def port(source: str, config: Optional[str], overrides: list[str], harness: list
     replaced = {k for k, _ in user if k in ("model", "data")}
     src = core.Source(source)
     fields = core.load_source(src, config, overrides, problems)
+    if any(p.field == "CONFIG" for p in problems):  # no recipe to port: its problem alone
+        return core.PortResult(source, [], [], problems, {})
     ctx = core.Ctx(source, fields, replaced=replaced, problems=problems)
     user_path = next((v for k, v in user if k == "data.path"), None)
     if user_path:
@@ -108,7 +110,8 @@ def port(source: str, config: Optional[str], overrides: list[str], harness: list
     argv = [f"{k}={hydra_value(v)}" for k, v in values.items()]
     own_data = any(p.field == "data.train_files" for p in problems)
     problems += [p for p in _plan_problems(argv) if not (own_data and p.field == "data.path")]
-    return core.PortResult(source, entries, argv, list(dict.fromkeys(problems)), values)
+    unique = list({(p.field, repr(p.value), p.why): p for p in problems}.values())  # values may be lists or dicts
+    return core.PortResult(source, entries, argv, unique, values)
 
 
 def _merge(port_values: dict[str, Any], user: list[tuple[str, str]]) -> dict[str, Any]:

@@ -19,6 +19,7 @@ M = "actor_rollout_ref.model."
 
 def prepare(ctx: Ctx) -> None:
     g = ctx.get
+    ctx.facts["columns"] = {"image": g("data.image_key"), "question": g("data.prompt_key"), "answer": "ANSWER_COLUMN"}
     ctx.facts["lora"] = (g(M + "lora_rank") or 0) > 0
     ctx.facts["n"] = g(R + "n")
     ctx.facts["max_len"] = g("data.max_response_length")
