@@ -276,6 +276,17 @@ def _save_freq(f: Field, ctx: Ctx):
             f"every {f.value} rollout steps = {f.value} x {cycle} optimizer steps")
 
 
+def _eval_freq(f: Field, ctx: Ctx):
+    """verl trainer.test_freq / EasyR1 trainer.val_freq: a validation every N rollout steps -> train.eval_steps."""
+    if f.value in (-1, 0, None):
+        return "informational_only", None, "no periodic eval (the harness evaluates before and after training)"
+    cycle = ctx.facts.get("steps_per_rollout", 1) * (ctx.facts.get("ppo_epochs") or 1)
+    ctx.set("train.eval_steps", int(f.value) * cycle, f.path)
+    return ("semantically_conformant", "train.eval_steps",
+            f"every {f.value} rollout steps = {f.value} x {cycle} optimizer steps; greedy on data.eval_split (the "
+            "source validates with its rollout's sampling settings on its val files)")
+
+
 def _save_limit(f: Field, ctx: Ctx):
     if f.value in (-1, 0, None):
         return "locally_lowered", None, "no limit: the harness keeps train.keep_last + the final checkpoint"
@@ -283,4 +294,4 @@ def _save_limit(f: Field, ctx: Ctx):
     return "exact", "train.keep_last", "resumable checkpoints kept"
 
 
-MAX_RESPONSE, SAVE_FREQ, SAVE_LIMIT = _max_response, _save_freq, _save_limit
+MAX_RESPONSE, SAVE_FREQ, SAVE_LIMIT, EVAL_FREQ = _max_response, _save_freq, _save_limit, _eval_freq

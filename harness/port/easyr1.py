@@ -352,8 +352,7 @@ RULES = [
     ("trainer.max_try_make_batch", inactive_unless(lambda ctx: ctx.get("algorithm.online_filtering"),
                                                    "online_filtering=false", not_impl("dynamic sampling's retry cap"))),
     ("trainer.critic_warmup", info("no critic")),
-    ("trainer.val_freq", lambda f, ctx: ("informational_only", None, "no periodic eval") if f.value in (-1, 0, None)
-     else ("not_implemented", None, "periodic eval: the harness evaluates before (train.eval_before) and after training")),
+    ("trainer.val_freq", C.EVAL_FREQ),
     ("trainer.val_before_train", exact("train.eval_before", bool, "evaluate the initial policy first")),
     ("trainer.val_only", lacks((False,), "evaluation without training is python -m harness.eval RUN_DIR")),
     ("trainer.val_generations_to_log", info("logging of eval samples (the harness writes every eval prediction)")),

@@ -297,8 +297,7 @@ RULES = [
                                                               ctx.facts["budget_note"]), "unset: total_epochs counts the steps")),
     ("trainer.val_before_train", exact("train.eval_before", bool, "evaluate the initial policy first")),
     ("trainer.val_only", lacks((False,), "evaluation without training is python -m harness.eval RUN_DIR")),
-    ("trainer.test_freq", unset_or(not_impl("periodic eval: the harness evaluates before (train.eval_before) and after "
-                                            "training"), "no periodic eval")),
+    ("trainer.test_freq", C.EVAL_FREQ),
     ("trainer.save_freq", C.SAVE_FREQ),
     ("trainer.max_actor_ckpt_to_keep", C.SAVE_LIMIT),
     ("trainer.nnodes", dist("nodes: the harness's placement.num_processes counts processes")),

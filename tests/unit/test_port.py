@@ -94,6 +94,7 @@ def test_grpo_recipe_verl():
     assert (v["arm.epsilon"], v["arm.epsilon_high"]) == (0.2, 0.2)
     assert v["arm.top_k"] == 0 and f["actor_rollout_ref.rollout.top_k"].cls == "semantically_conformant"
     assert v["train.save_steps"] == 20 * 4  # save_freq counts rollouts
+    assert v["train.eval_steps"] == 5 * 4 and f["trainer.test_freq"].cls == "semantically_conformant"  # test_freq too
     assert f["actor_rollout_ref.actor.fsdp_config.param_offload"].cls == "distributed_only"
     assert f["critic.optim.lr"].cls == "informational_only"
     assert f["actor_rollout_ref.actor.clip_ratio_c"].cls == "not_implemented"
