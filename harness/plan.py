@@ -209,7 +209,8 @@ def _slug(text: str) -> str:
 
 def make_run_name(cfg: Config, semantic_sha: str) -> str:
     """Deterministic: the same command finds the same run dir, and every rank agrees on it."""
-    parts = (cfg.arm.name, cfg.model.name, cfg.data.name, f"s{cfg.seed}", semantic_sha[:RUN_NAME_HASH_LEN])
+    lora = [cfg.model.tuning.value] if cfg.model.tuning.value != "full" else []  # a LoRA run says so in its name
+    parts = (cfg.arm.name, cfg.model.name, *lora, cfg.data.name, f"s{cfg.seed}", semantic_sha[:RUN_NAME_HASH_LEN])
     return "-".join(_slug(p) for p in parts)
 
 

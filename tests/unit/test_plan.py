@@ -54,6 +54,14 @@ def test_run_name_and_dir(plan_of, tmp_path):
     assert plan.run_dir == str(tmp_path / "out" / "runs" / plan.run_name)
 
 
+def test_a_lora_run_says_so_in_its_name(plan_of):
+    lora = plan_of("model.tuning=lora")
+    sem = lora.identity["semantic_sha256"]
+    assert lora.run_name == f"grpo-tiny_vlm-lora-synthetic-s0-{sem[:8]}"
+    assert lora.parent.run_name.startswith("sft-tiny_vlm-lora-synthetic-s0-")  # its warm start is LoRA too
+    assert "-lora-" not in plan_of().run_name
+
+
 def test_hashes_recompute_from_the_stored_config(plan_of):
     plan = plan_of("arm=evi_po")
     assert config_hashes(plan.config, plan.identity["non_semantic_fields"]) == ids(plan)
