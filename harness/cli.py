@@ -121,7 +121,7 @@ class SweepCallback(Callback):
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
-def _entry(cfg: DictConfig) -> None:
+def _entry(cfg: DictConfig) -> float | None:
     from hydra.types import RunMode
 
     hc = HydraConfig.get()
@@ -136,11 +136,13 @@ def _entry(cfg: DictConfig) -> None:
     record = {"job": hc.job.num, "overrides": overrides, "status": "failed", "exit_code": None, "error": None}
     from harness.halt import interrupted
 
-    code = 0
+    code, value = 0, None
     try:
         code = run(cfg, dict(hc.runtime.choices), overrides, multirun=True)
         record.update(status="completed" if code == 0 else "interrupted" if interrupted(code) else "failed",
                       exit_code=code)
+        if code == 0:
+            value = record["objective"] = _objective(cfg, overrides)
     except Exception as exc:  # noqa: BLE001  (one failing job must not end the sweep)
         import traceback
 
@@ -153,6 +155,21 @@ def _entry(cfg: DictConfig) -> None:
         log.warning("sweep: job %s was interrupted by a signal; the sweep stops here (exit %d). The same sweep "
                     "command continues it.", hc.job.num, code)
         raise SystemExit(code)
+    return value  # a sweeper that optimizes (hydra/sweeper=optuna) reads it; None fails its trial
+
+
+def _objective(cfg: DictConfig, overrides: list[str]) -> float | None:
+    """The finished job's `objective` (a harness.report metric, e.g. eval/accuracy), or None (a pause, no eval)."""
+    from harness.report.runs import read_run
+
+    try:
+        value = read_run(Path(_run_dir_of(overrides))).metrics.get(cfg.objective)
+    except Exception as exc:  # noqa: BLE001  (a job without a readable run has no value: the sweeper fails the trial)
+        log.warning("objective %s: not read (%s)", cfg.objective, exc)
+        return None
+    if value is not None:
+        log.info("objective %s = %.6g", cfg.objective, value)
+    return value
 
 
 def _record_sweep_job(hc, record: dict) -> None:

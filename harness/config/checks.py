@@ -47,7 +47,19 @@ def run_checks(cfg: Config) -> Findings:
     check_arm(cfg, out)
     check_data(cfg, out)
     check_rollout_and_placement(cfg, out)
+    check_objective(cfg, out)
     return out
+
+
+def check_objective(cfg: Config, out: Findings) -> None:
+    import difflib
+
+    from harness.report.metrics import METRIC_TITLES
+
+    if cfg.objective not in METRIC_TITLES:
+        best = difflib.get_close_matches(cfg.objective, list(METRIC_TITLES), n=1)
+        out.error("objective", cfg.objective, "is not a metric of a finished run (harness.report)",
+                  f"did you mean objective={best[0]}?" if best else f"use one of: {', '.join(METRIC_TITLES)}")
 
 
 # --- generic: the ge/gt/le/lt bounds declared on schema fields

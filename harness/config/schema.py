@@ -198,6 +198,7 @@ class Config:
     run_mode: RunMode = f(RunMode.normal, "normal, or smoke: checkpoint, die, resume in a new process, verify", semantic=False)
     resume: Resume = f(Resume.auto, "auto: continue a run dir of the same identity; must: refuse when none; never: refuse when it exists", semantic=False)
     resume_from: Optional[str] = f(None, "a checkpoint dir to resume from; must be the run's newest complete one (no silent rollback)", semantic=False)
+    objective: str = f("eval/accuracy", "what a multirun job returns to its sweeper (hydra/sweeper=optuna optimizes it): a metric of the finished run as python -m harness.report names it, e.g. eval/accuracy, eval/FULL/accuracy, train/reward_last10pct", semantic=False)
     model: ModelConfig = MISSING
     arm: ArmConfig = MISSING
     data: DataConfig = MISSING

@@ -17,33 +17,13 @@ import re
 from dataclasses import dataclass, field
 
 from arms import registry
-from harness.report.runs import PATH_KEYS, RELATIONS, Run
+from harness.report.metrics import EVAL_METRICS, PAIRED_METRICS, TRAIN_METRICS
+from harness.report.runs import PATH_KEYS, Run
 from harness.report.stats import mean_ci, paired_bootstrap
 
 ARM_ORDER = tuple(registry())  # the registry's order (arms.ORDER, then new arms by name)
 LABEL_FIELDS_MAX = 4
 
-# (key, short title) in table order; every key is a run metric (harness.report.runs.run_metrics).
-EVAL_METRICS = [
-    ("eval/accuracy", "accuracy"),
-    ("eval/accuracy_before", "accuracy before (init)"),
-    ("eval/accuracy_change", "change"),
-    *[(f"eval/{rel}/accuracy", rel) for rel in RELATIONS],
-    ("eval/FULL/abstention_rate", "FULL abstention"),
-    ("eval/format_valid", "format valid"),
-    ("eval/direction_accuracy", "direction accuracy"),
-]
-TRAIN_METRICS = [
-    ("train/reward_last10pct", "train reward (last 10% of steps)"),
-    ("budget/tokens", "tokens used"),
-    ("budget/ceiling", "token ceiling"),
-    ("budget/fraction", "% of ceiling"),
-    ("train/optimizer_steps", "optimizer steps"),
-    ("perf/wall_time_s", "wall time (s)"),
-    ("perf/first_step_s", "first step at (s)"),
-]
-PAIRED_METRICS = [k for k, _ in EVAL_METRICS if k != "eval/accuracy_before"] + ["train/reward_last10pct"]
-METRIC_TITLES = dict(EVAL_METRICS + TRAIN_METRICS)
 
 
 def _short(h: object) -> str:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from harness.report.compare import EVAL_METRICS, METRIC_TITLES, TRAIN_METRICS
+from harness.report.metrics import EVAL_METRICS, METRIC_TITLES, TRAIN_METRICS
 from harness.report.stats import EXACT_MAX, MC_RESAMPLES, MC_SEED
 
 DASH = "–"

@@ -21,10 +21,10 @@ from typing import Any
 
 from harness.accounting.logs import METRICS_PATH
 from harness.eval import artifact_path, periodic_evals
+from harness.report.metrics import RELATIONS
 from harness.rundir import completion_kind
 
 MANIFEST = "run_manifest.json"
-RELATIONS = ("FULL", "CONTROL", "MISSING", "SUBSTITUTE")
 PATH_KEYS = ("root", "path", "base_path", "cache_dir")  # where a thing lies is not what it is
 
 

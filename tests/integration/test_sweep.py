@@ -168,3 +168,29 @@ def test_jobs_in_one_process_get_their_own_wandb_and_tensorboard_runs(tmp_path):
         groups.add(rec["group"])
     assert len(groups) == 1 and groups.pop().startswith("sft-")  # two seeds of one condition
     assert "URL not available" not in proc.stderr  # TRL's model card asked W&B at every save
+
+
+@pytest.mark.slow
+def test_an_optuna_sweep_optimizes_the_objective_of_finished_runs(tmp_path):
+    """hydra/sweeper=optuna (conf/experiment/tune_papo.yaml): each trial is a harness run whose job returns its
+    `objective` (eval/accuracy on the validation split here); the study's best value is the best trial's, and
+    every trial trained the knobs Optuna chose."""
+    import yaml
+
+    out = tmp_path / "out"
+    proc = run_harness("-m", "experiment=tune_papo", "debug=tiny", "hydra.sweeper.n_trials=2", f"output_root={out}",
+                       timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (sweep,) = (out / "sweeps").iterdir()
+    best = yaml.safe_load((sweep / "optimization_results.yaml").read_text())
+    jobs = [json.loads(p.read_text()) for p in sorted((sweep / "jobs").glob("*.json"))]
+    assert len(jobs) == 2 and all(j["status"] == "completed" for j in jobs)
+    for j in jobs:
+        run = Path(j["run_dir"])
+        comp = json.loads((run / "completion.json").read_text())
+        assert comp["eval_after"]["split"] == "val" and j["objective"] == comp["eval_after"]["accuracy"]
+        cfg = json.loads((run / "run_manifest.json").read_text())["plan"]["config"]
+        chosen = dict(o.split("=", 1) for o in j["overrides"] if o.startswith("arm."))
+        assert cfg["arm"]["gamma"] == pytest.approx(float(chosen["arm.gamma"]))
+        assert 0.0 <= cfg["arm"]["gamma"] <= 0.05 and cfg["arm"]["mask_ratio"] in (0.4, 0.6, 0.8)
+    assert best["best_value"] == max(j["objective"] for j in jobs)

@@ -102,7 +102,8 @@ def test_the_harness_console_script_and_its_tab_completion(tmp_path):
         return proc.stdout.split()
 
     assert complete("harness arm=") == ["arm=evi_po", "arm=grpo", "arm=papo", "arm=sft"]
-    assert set(complete("harness experiment=")) == {"experiment=comparison", "experiment=evi_po_direction_only"}
+    assert set(complete("harness experiment=")) == {"experiment=comparison", "experiment=evi_po_direction_only",
+                                                  "experiment=tune_papo"}
     assert complete("harness arm=evi_po arm.lambda_") == ["arm.lambda_direction=", "arm.lambda_evidence="]
     p = subprocess.run([str(exe), "mode=plan", "experiment=evi_po_direction_only", f"output_root={tmp_path}"],
                        cwd=tmp_path, capture_output=True, text=True, timeout=60)

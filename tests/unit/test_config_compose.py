@@ -48,7 +48,7 @@ def test_groups_are_the_designed_ones():
         "budget": ["default"],
         "data": ["jsonl", "synthetic"],
         "debug": ["tiny"],
-        "experiment": ["comparison", "evi_po_direction_only"],
+        "experiment": ["comparison", "evi_po_direction_only", "tune_papo"],
         "logger": ["jsonl", "none", "tensorboard", "wandb"],
         "model": ["qwen", "tiny_lm", "tiny_vlm"],
         "placement": ["ddp", "deepspeed", "deepspeed_zero3", "fsdp", "single"],

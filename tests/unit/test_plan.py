@@ -297,3 +297,12 @@ def test_periodic_eval_is_refused_where_rank_0_cannot_generate_alone(plan_of):
     assert "kept_for_eval" not in plan_of().checkpoints
     # an observation: not in the semantic identity (the same run, with or without the curve)
     assert plan_of("train.eval_steps=50").identity["semantic_sha256"] == plan_of().identity["semantic_sha256"]
+
+
+def test_the_sweep_objective_is_a_report_metric(plan_of):
+    assert plan_of().config["objective"] == "eval/accuracy"
+    assert plan_of("objective=eval/FULL/accuracy").identity["semantic_sha256"] == plan_of().identity["semantic_sha256"]
+    with pytest.raises(ConfigError) as err:
+        plan_of("objective=eval/acuracy")
+    (p,) = [p for p in err.value.problems if p.field == "objective"]
+    assert "did you mean objective=eval/accuracy?" in p.fix
