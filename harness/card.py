@@ -117,7 +117,10 @@ def _eval_table(run_dir: Path, split: str) -> str:
         return "No eval ran (train.eval_after=false)."
     rels = list(dict.fromkeys([*((after or {}).get("per_relation") or {}), *((before or {}).get("per_relation") or {})]))
     n = (after or before)["n"]
-    lines = [f"Greedy decoding on the held-out `{split}` split ({n} views; eval/{split}-before.json, eval/{split}.json).",
+    files = ", ".join(f"eval/{p.name}" for p in (artifact_path(run_dir, split, "before"), artifact_path(run_dir, split,
+                                                                                                     "final"))
+                      if p.is_file())
+    lines = [f"Greedy decoding on the held-out `{split}` split ({n} views; {files}).",
              "", "| accuracy | before | after |", "|---|---|---|", f"| overall | {_fmt(before)} | {_fmt(after)} |"]
     lines += [f"| {r} | {_fmt(before, r)} | {_fmt(after, r)} |" for r in rels]
     return "\n".join(lines)
@@ -171,7 +174,8 @@ def render_card(plan, run_dir: Path, identity: dict, completion: dict, policy: d
         "", f"Stopped by: {completion.get('stopped_by')}. Nonfinite steps skipped: {completion.get('nonfinite_steps', 0)}.",
         "", "## Evaluation", "", _eval_table(Path(run_dir), plan.config["data"]["eval_split"]),
         "", "## Load", "", _load_snippet(plan, policy, where),
-        "", "## Reproduce", "", f"```bash\n{reproduce_command(plan.overrides)}\n```", "", rebuild,
+        "", "## Reproduce", "", f"From a checkout of the harness at commit `{(identity.get('code') or {}).get('commit')}`:",
+        "", f"```bash\n{reproduce_command(plan.overrides)}\n```", "", rebuild,
     ]
     return "\n".join(parts).rstrip() + "\n"
 
