@@ -14,6 +14,7 @@ The points (`<kind>` is sft or rl: the SFT warm start and the RL run share a pro
     <kind>.step             the end of an optimizer step (before its checkpoint is saved)
     <kind>.checkpoint       inside a checkpoint save: the Trainer's files written, harness_checkpoint.json not yet
     <kind>.final_policy     final_policy written to its temp dir, not yet renamed
+    <kind>.model_card       after the final eval, before final_policy's card is final (harness.card)
     <kind>.completion       before completion.json is written
     atomic:<file name>      inside an atomic write of that file: half of it is in the temp file (e.g.
                             atomic:completion.json, atomic:run_manifest.json, atomic:harness_checkpoint.json)
@@ -32,7 +33,7 @@ import signal
 
 FAULT_ENV = "HARNESS_FAULT"
 ACTIONS = ("kill", "enospc", "edquot", "erofs", "eacces", "eio")
-_NAMED = re.compile(r"^(sft|rl)\.(start|step|checkpoint|final_policy|completion)$|^(atomic|append):.+$")
+_NAMED = re.compile(r"^(sft|rl)\.(start|step|checkpoint|final_policy|model_card|completion)$|^(atomic|append):.+$")
 _SPEC = re.compile(r"^(?P<point>[^@]+?)(?:@(?P<n>\d+))?:(?P<action>\w+)$")
 _seen: dict[str, int] = {}
 

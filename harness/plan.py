@@ -156,9 +156,9 @@ def _not_for_warm_start(key: str) -> bool:
     """Whether the SFT warm start leaves out this key of its child's command line (or experiment preset)."""
     # train.save_steps is not semantic: a warm start of a few seconds needs only its final checkpoint;
     # SFT samples nothing, so the child's rollout (e.g. vLLM) is not the parent's
-    # budget.stop_after_steps pauses the run itself, not its warm start
+    # budget.stop_after_steps pauses the run itself, not its warm start; train.push_to_hub pushes the run's policy
     return (key in ("arm", "mode", "run_mode", "budget.max_steps", "budget.stop_after_steps", "train.save_steps",
-                    "rollout")
+                    "rollout", "train.push_to_hub", "train.hub_model_id")
             or key.startswith(("arm.", "rollout.")))  # by key: `model=...` is kept (it starts with "mode")
 
 

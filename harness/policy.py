@@ -6,7 +6,9 @@
     init=<path>   a saved policy: a PEFT adapter (adapter_config.json) or full weights
 
 final_policy/ holds what was trained: the PEFT adapter for tuning=lora, the full model's
-safetensors for tuning=full, plus the processor; both load back with `load_policy(path)`.
+safetensors for tuning=full, plus the processor; both load back with `load_policy(path)`, and without the
+harness with plain transformers (harness.portable: the tiny processor's code, an adapter's base) and a model
+card, README.md (harness.card: provisional at the save, final after the final eval).
 """
 
 from __future__ import annotations
@@ -17,9 +19,11 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness.card import CARD, provisional_card
 from harness.faults import point
 from harness.identity import sha256_file
-from harness.rundir import atomic_write_json, fsync_dir, read_json
+from harness.portable import make_portable
+from harness.rundir import atomic_write_bytes, atomic_write_json, fsync_dir, read_json
 
 log = logging.getLogger("harness")
 POLICY_MANIFEST = "harness_policy.json"
@@ -49,8 +53,9 @@ def weights_digest(path: str | Path) -> str | None:
     path = Path(path)
     for name in (POLICY_MANIFEST, CHECKPOINT_MANIFEST):
         if (path / name).is_file():
-            files = read_json(path / name).get("files") or {}
-            weights = {k: v["sha256"] for k, v in files.items() if is_weight_file(k)}
+            manifest = read_json(path / name)
+            files, base = manifest.get("files") or {}, set(manifest.get("base_files") or ())  # a LoRA's copied base
+            weights = {k: v["sha256"] for k, v in files.items() if is_weight_file(k) and k not in base}
             return sha256_text(canonical_json(weights)) if weights else None
     return None
 
@@ -161,12 +166,15 @@ def save_final_policy(trainer, run_dir: Path, *, base_path: str, plan) -> dict:
         return None
     proc = trainer.processing_class
     proc.save_pretrained(str(tmp))
+    portable = make_portable(tmp, model_cfg=plan.config["model"], train_cfg=plan.config["train"], base_path=base_path)
+    atomic_write_bytes(tmp / CARD, provisional_card(plan).encode("utf-8"))  # replaced after the final eval
     files = {str(p.relative_to(tmp)): {"sha256": sha256_file(p), "size": p.stat().st_size}
              for p in sorted(tmp.rglob("*")) if p.is_file()}
     manifest = {"tuning": plan.config["model"]["tuning"], "base_path": base_path, "run_name": plan.run_name,
                 "identity": {k: plan.identity.get(k) for k in ("config_sha256", "semantic_sha256", "data", "model")},
-                "files": files,
-                "load": "harness.policy.load_policy(path)  # or PeftModel.from_pretrained / the model class"}
+                "files": files, "base_files": portable.pop("base_files"), "portable": portable,
+                "card": "provisional",  # harness.card.publish_card: "final", after the final eval
+                "load": "harness.policy.load_policy(path); without the harness: README.md, section Load"}
     atomic_write_json(tmp / POLICY_MANIFEST, manifest)
     point(f"{plan.kind}.final_policy")  # tests only (harness.faults): a crash before the rename
     if final.exists():

@@ -48,6 +48,7 @@ def run_checks(cfg: Config) -> Findings:
     check_data(cfg, out)
     check_rollout_and_placement(cfg, out)
     check_objective(cfg, out)
+    check_push(cfg, out)
     return out
 
 
@@ -247,3 +248,23 @@ def check_rollout_and_placement(cfg: Config, out: Findings) -> None:
     if cfg.logger.wandb_mode not in ("online", "offline", "disabled"):
         out.error("logger.wandb_mode", cfg.logger.wandb_mode, "must be online, offline or disabled",
                   "use logger.wandb_mode=offline (no network here)")
+
+
+# --- the push to the Hub
+
+
+def check_push(cfg: Config, out: Findings) -> None:
+    """train.push_to_hub needs a repo, a token and a reachable Hub, known now rather than after training."""
+    t = cfg.train
+    if not t.push_to_hub:
+        return
+    if not t.hub_model_id:
+        out.error("train.hub_model_id", None, "train.push_to_hub=true pushes final_policy/ to this Hub repo",
+                  "set train.hub_model_id=<user or org>/<name>, or train.push_to_hub=false")
+    from harness.hub import push_problem
+
+    problem = push_problem()
+    if problem:
+        why, fix = problem
+        out.error("train.push_to_hub", True, why, f"{fix}, or set train.push_to_hub=false (final_policy/ is kept in "
+                  "the run dir either way; push it later with huggingface_hub's upload_folder)")

@@ -185,6 +185,8 @@ class TrainConfig:
     eval_batch_size: int = f(64, "prompts per greedy eval batch", semantic=False, ge=1)
     eval_max_new_tokens: int = f(16, "greedy eval: tokens generated per answer at most", ge=1)
     max_nonfinite_steps: int = f(3, "optimizer steps whose gradient is not finite (NaN/inf loss or gradient) that are skipped (no optimizer or scheduler update; their sampled tokens still count) before the run stops with an error", semantic=False, ge=0)
+    push_to_hub: bool = f(False, "after the final eval, push final_policy/ (weights, processor, model card) to the Hugging Face Hub repo train.hub_model_id; refused at plan time without an HF token or a reachable Hub", semantic=False)
+    hub_model_id: Optional[str] = f(None, "the Hub repo (<user or org>/<name>) train.push_to_hub pushes to; required with it", semantic=False)
     hang_timeout_s: Optional[float] = f(None, "hang watchdog: when no optimizer step completes in this many seconds, every thread's stack goes to <run_dir>/diagnostics/hang-<rank>-<time>.txt (training goes on); null = off", semantic=False, gt=0)
 
 

@@ -14,7 +14,8 @@ compute a tiny model's cache key and verify its files. It also arranges that
 process: the saved processor class (HarnessVLProcessor) is registered with AutoProcessor as soon
 as transformers' processing_auto module is imported (a one-shot import hook below), or at once
 when it already is. Without `import harness.models` first, AutoProcessor cannot resolve
-"HarnessVLProcessor" and falls back to a bare tokenizer.
+"HarnessVLProcessor" in a tiny model's cache dir and falls back to a bare tokenizer; a run's final_policy/
+carries the class's code for that case (harness.portable: `trust_remote_code=True`).
 """
 
 from __future__ import annotations

@@ -22,6 +22,11 @@ it by that name only in PROCESSOR_MAPPING's registered extras, so `register_auto
 have run. `import harness.models` arranges it lazily (harness/models/__init__.py); importing
 this module registers at once. On a machine with torchvision a real checkpoint's stock processor
 is used unchanged; this class is for the tiny models.
+
+Outside the harness: save_final_policy ships this file into final_policy/ as `processing_harness_vl.py`
+with an `auto_map` in processor_config.json, the Hugging Face way for custom code, so
+`AutoProcessor.from_pretrained(final_policy, trust_remote_code=True)` builds this class in a process that
+never imports the harness. Hence the rule for this file: it imports transformers and nothing else.
 """
 
 from __future__ import annotations
@@ -32,7 +37,13 @@ from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLIm
 from transformers.models.qwen2_vl.processing_qwen2_vl import Qwen2VLProcessor
 from transformers.processing_utils import ProcessorMixin
 
-from harness.models.tokenizer import IMAGE_PAD, VIDEO_PAD, VISION_END, VISION_START
+# The Qwen vision tokens (harness.models.tokenizer defines them; a unit test keeps the two equal). Spelled out
+# here because this file is also shipped into final_policy/ as its custom processor code (harness.artifacts):
+# loaded with trust_remote_code=True in a process without the harness, it may import transformers only.
+VISION_START = "<|vision_start|>"
+VISION_END = "<|vision_end|>"
+IMAGE_PAD = "<|image_pad|>"
+VIDEO_PAD = "<|video_pad|>"
 
 MERGE_SIZE = 2  # spatial merge of the Qwen-VL vision towers (2x2 patches -> 1 token)
 TEMPORAL_PATCH_SIZE = 2  # a still image is repeated twice along time (Qwen-VL convention)

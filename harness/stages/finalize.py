@@ -1,5 +1,6 @@
 """The finalize stage: the final policy (every rank takes part in the save), every rank's counters
-gathered, then on rank 0 the eval after training and completion.json, written last."""
+gathered, then on rank 0 the eval after training, the final policy's model card (harness.card), the push to
+the Hub when train.push_to_hub, and completion.json, written last."""
 
 from __future__ import annotations
 
@@ -107,6 +108,7 @@ def write_completion(plan, run, *, ctx, trainer, train_out, evals: dict, wall_s:
                    stopped_by=plan_lt["limit"], stopped_by_source="sft_prefix")
         if len(ranks) > 1:
             out["ranks"] = [{"rank": r["rank"], "trained_loss_tokens": r.get("trained_loss_tokens", 0)} for r in ranks]
+    publish_policy(plan, run, out)
     clock.lap("finalize")
     out["phases_s"] = clock.as_dict()
     out["start_phases_s"] = dict(clock.start)  # seconds from this process's start to each phase's end (this write's)
@@ -121,6 +123,22 @@ def write_completion(plan, run, *, ctx, trainer, train_out, evals: dict, wall_s:
 
         log_tensorboard(run.path, out)
     return out
+
+
+def publish_policy(plan, run, out: dict) -> None:
+    """The card proper into final_policy/ (from what completion.json will say), then the push when asked for:
+    both before completion.json, so a failed push leaves the run unfinished and the same command retries it."""
+    from harness.card import publish_card
+    from harness.policy import weights_digest
+
+    fp = run.path / "final_policy"
+    point(f"{plan.kind}.model_card")  # tests only (harness.faults): the final eval done, the card still provisional
+    publish_card(plan, run.path, run.manifest["identity"], out, weights_digest(fp))
+    train = plan.config["train"]
+    if train.get("push_to_hub"):
+        from harness.hub import push_final_policy
+
+        out["pushed_to_hub"] = push_final_policy(fp, train["hub_model_id"], run_name=plan.run_name)
 
 
 def _peak_cuda_mb() -> float | None:

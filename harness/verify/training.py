@@ -92,10 +92,13 @@ def check_final_policy(run_dir: Path, m: dict) -> list[str]:
     if not mp.is_file():
         return ["final_policy/harness_policy.json is missing"]
     out = []
-    for rel, meta in read_json(mp)["files"].items():
+    manifest = read_json(mp)
+    for rel, meta in manifest["files"].items():
         p = fp / rel
         if not p.is_file() or sha256_file(p) != meta["sha256"]:
             out.append(f"final_policy/{rel}: missing or its sha256 differs from harness_policy.json")
+    if manifest.get("card", "final") != "final":  # (runs from before the card have no `card`)
+        out.append(f"final_policy/README.md is the {manifest['card']} model card of a completed run (harness.card)")
     return out
 
 

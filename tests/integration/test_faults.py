@@ -1,7 +1,7 @@
 """The fault matrix: a crash (SIGKILL) at many points of the default pipeline, damage to a run dir, a full disk,
 and every filesystem error on the run dir, caches and output_root.
 
-- SIGKILL (harness.faults, HARNESS_FAULT=<point>:kill) at 13 points from the SFT warm start to the write of
+- SIGKILL (harness.faults, HARNESS_FAULT=<point>:kill) at 14 points from the SFT warm start to the write of
   completion.json: the same command again finishes with a final policy, ledger, trace and logged values identical
   to the uninterrupted run's, verify clean, no lost or duplicated rows (slow: two launches a point).
 - 11 kinds of damage to an interrupted run dir: each is named by verify and by the resume, which falls back to an
@@ -113,6 +113,7 @@ KILLS = [
     ("append:metrics.jsonl@5", True),  # mid-row of step 5's metrics
     ("rl.final_policy", True),  # while final_policy is written
     ("atomic:test.json", True),  # during the final eval: its artifact half written
+    ("rl.model_card", True),  # after the final eval, final_policy's card still provisional
     ("atomic:completion.json", True),  # while the RL run's completion.json is written
 ]
 

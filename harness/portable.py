@@ -1,0 +1,85 @@
+"""A final policy that loads without the harness (issue 16): what save_final_policy adds to the folder the
+Trainer wrote, before its manifest. Torch-free (files and JSON only).
+
+    AutoProcessor.from_pretrained(dir, trust_remote_code=True)   # the tiny VLMs' image-only processor
+    AutoModelForImageTextToText.from_pretrained(dir)             # full weights, or a LoRA adapter + its base
+
+- The processor: the tiny VLMs save HarnessVLProcessor, a class transformers does not know (harness/models/
+  processor.py says why it exists). Its module ships in the folder as `processing_harness_vl.py` with
+  `auto_map` in processor_config.json, the Hugging Face way for custom code, so a process that never imports the
+  harness builds the same class with trust_remote_code=True. Inside the harness the registered class wins
+  (transformers prefers a known local class over remote code), so nothing changes there. A real checkpoint's
+  stock processor is left as it is.
+- The base of a LoRA adapter (peft records the local path it loaded, a cache path on this machine):
+  a real checkpoint's adapter names model.hub_id; a tiny base, which is on no hub, is copied into the folder
+  (config.json, generation_config.json, model.safetensors: ~4 MB). transformers loads a folder that holds a
+  model and an adapter as that base plus the adapter, from any working directory; base_model_name_or_path
+  is "." (this folder), or train.hub_model_id when the folder is pushed (the repo then holds the base too).
+  A relative path to the model cache would resolve against the reader's working directory, not the folder.
+  peft 0.21 has no AutoPeftModelForImageTextToText, and AutoPeftModelForCausalLM refuses VL configs, so
+  AutoModelForImageTextToText (transformers' PEFT integration) and PeftModel.from_pretrained(base, dir) are
+  the VLM routes; both are tested (tests/integration/test_portable_policy.py).
+- The copied base files are listed under `base_files` in harness_policy.json: verified with the rest, left out
+  of weights_digest (the policy's own weights; the base has identity.model).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from harness.rundir import atomic_write_bytes, atomic_write_json, read_json
+
+PROCESSOR_CLASS = "HarnessVLProcessor"
+PROCESSOR_CODE = "processing_harness_vl.py"
+PROCESSOR_SOURCE = Path(__file__).resolve().parent / "models" / "processor.py"
+BASE_FILES = ("config.json", "generation_config.json", "model.safetensors")
+
+
+def ship_processor_code(folder: Path) -> str | None:
+    """The custom processor's module and auto_map into `folder`; its file name, or None (a stock processor or a
+    tokenizer: nothing to ship)."""
+    cfg_path = folder / "processor_config.json"
+    if not cfg_path.is_file():
+        return None
+    cfg = read_json(cfg_path)
+    if cfg.get("processor_class") != PROCESSOR_CLASS:
+        return None
+    atomic_write_bytes(folder / PROCESSOR_CODE, PROCESSOR_SOURCE.read_bytes())
+    cfg["auto_map"] = {"AutoProcessor": f"{PROCESSOR_CODE.removesuffix('.py')}.{PROCESSOR_CLASS}"}
+    atomic_write_json(cfg_path, cfg)
+    return PROCESSOR_CODE
+
+
+def adapter_base(model_cfg: dict, train_cfg: dict, base_path: str) -> dict:
+    """Where a LoRA adapter's base comes from: {"base_model_name_or_path", "embed", "portable", "note"}."""
+    if model_cfg["source"] == "tiny":
+        pushed = train_cfg.get("push_to_hub") and train_cfg.get("hub_model_id")
+        return {"base_model_name_or_path": train_cfg["hub_model_id"] if pushed else ".", "embed": True,
+                "portable": True, "note": "the tiny base is stored in this folder (config.json, model.safetensors)"}
+    if model_cfg.get("hub_id"):
+        return {"base_model_name_or_path": model_cfg["hub_id"], "embed": False, "portable": True,
+                "note": f"the base is the Hugging Face model {model_cfg['hub_id']}"}
+    return {"base_model_name_or_path": base_path, "embed": False, "portable": False,
+            "note": f"the base is the local checkpoint {base_path} (model.path): copy it along, or set model.hub_id "
+                    "to name a hub model"}
+
+
+def make_portable(folder: Path, *, model_cfg: dict, train_cfg: dict, base_path: str) -> dict:
+    """Ship the processor code and, for an adapter, name (or embed) its base; what harness_policy.json records
+    under `portable` (and `base_files`)."""
+    out = {"processor_code": ship_processor_code(folder), "base_files": []}
+    adapter_cfg = folder / "adapter_config.json"
+    if not adapter_cfg.is_file():
+        return out
+    base = adapter_base(model_cfg, train_cfg, base_path)
+    if base.pop("embed"):
+        for name in BASE_FILES:
+            src = Path(base_path) / name
+            if src.is_file():
+                atomic_write_bytes(folder / name, src.read_bytes())
+                out["base_files"].append(name)
+    cfg = json.loads(adapter_cfg.read_text(encoding="utf-8"))
+    cfg["base_model_name_or_path"] = base["base_model_name_or_path"]
+    atomic_write_json(adapter_cfg, cfg)
+    return {**out, "adapter_base": base}

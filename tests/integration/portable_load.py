@@ -1,0 +1,70 @@
+"""Load a final_policy/ the way a user without the harness would, and generate from an image (a script, run by
+tests/integration/test_portable_policy.py in a fresh `python -I` process, outside the repo).
+
+    python -I portable_load.py FOLDER IMAGE ROUTE OUT_JSON      ROUTE: auto | peft=<base dir>
+
+The harness (and arms, tests) cannot be imported here, not even through the venv's editable install: a
+meta-path finder placed first refuses them. What the test asserts comes back in OUT_JSON: the processor's class
+and module, the keys of its output, the pixel_values the vision tower received (a forward hook), the logits of
+one forward pass, the generated ids, the harness modules loaded (none), and what AutoProcessor does without
+trust_remote_code=True.
+"""
+
+import importlib.abc
+import json
+import sys
+
+BLOCKED = ("harness", "arms", "tests")
+
+
+class NoHarness(importlib.abc.MetaPathFinder):
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname.split(".")[0] in BLOCKED:
+            raise ImportError(f"{fullname}: this process must load the policy without the harness")
+        return None
+
+
+sys.meta_path.insert(0, NoHarness())
+
+import torch  # noqa: E402
+from PIL import Image  # noqa: E402
+from transformers import AutoModelForImageTextToText, AutoProcessor  # noqa: E402
+
+
+def main(folder: str, image: str, route: str, out: str) -> None:
+    try:  # without the opt-in: refused (before the custom code it fell back to a bare tokenizer, silently)
+        refused = type(AutoProcessor.from_pretrained(folder, trust_remote_code=False)).__name__
+    except ValueError as exc:
+        refused = "ValueError: " + str(exc).splitlines()[0]
+    processor = AutoProcessor.from_pretrained(folder, trust_remote_code=True)
+    if route == "auto":
+        model = AutoModelForImageTextToText.from_pretrained(folder)
+    else:
+        from peft import PeftModel
+
+        base = AutoModelForImageTextToText.from_pretrained(route.removeprefix("peft="))
+        model = PeftModel.from_pretrained(base, folder)
+    model.eval()
+    seen = []
+    (visual,) = [m for n, m in model.named_modules() if n.endswith("visual") and n.count("visual") == 1]
+    visual.register_forward_hook(lambda mod, args, kwargs, output: seen.append(list(args[0].shape)), with_kwargs=True)
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Is the red square left of "
+                                                                                         "the blue circle?"}]}]
+    prompt = processor.apply_chat_template(messages, add_generation_prompt=True)
+    inputs = processor(images=[Image.open(image).convert("RGB")], text=[prompt], return_tensors="pt")
+    with torch.no_grad():
+        logits = model(**inputs).logits[0, -1]
+        gen = model.generate(**inputs, max_new_tokens=4, do_sample=False)
+    json.dump({
+        "without_trust_remote_code": refused, "processor_class": type(processor).__name__, "processor_module": type(processor).__module__,
+        "model_class": type(model).__name__, "input_keys": sorted(inputs.keys()),
+        "pixel_values_shape": list(inputs["pixel_values"].shape) if "pixel_values" in inputs else None,
+        "vision_tower_inputs": seen, "input_ids": inputs["input_ids"][0].tolist(),
+        "logits": logits.tolist(), "generated": gen[0, inputs["input_ids"].shape[1]:].tolist(),
+        "lora_modules": sum("lora_A" in n for n, _ in model.named_parameters()),
+        "harness_modules": sorted(m for m in sys.modules if m.split(".")[0] in BLOCKED),
+    }, open(out, "w"))
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:5])
