@@ -8,7 +8,7 @@ H = -mean(log p): the harness's papo term with gamma, eta2, eta1 (docs/arms.md p
 
 from __future__ import annotations
 
-from harness.port import common as C
+import harness.port.common as C
 from harness.port.core import Ctx, Field, dist, exact, inactive_unless, info, lacks, mapped, not_impl, only, when
 
 FORK_ONLY = ("algorithm.loss_avg_mode", "algorithm.use_kl_prcp", "algorithm.contrastive_type", "algorithm.kl_prcp_",

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from harness.errors import ConfigError, HarnessError, Problem
-from harness.port import core
+import harness.port.core as core
 
 SOURCES = ("verl", "easyr1")
 GROUPS = ("arm", "model", "data", "rollout", "placement", "logger", "budget", "debug")
@@ -23,9 +23,9 @@ GROUPS = ("arm", "model", "data", "rollout", "placement", "logger", "budget", "d
 
 def _rules(source: str):
     if source == "verl":
-        from harness.port import verl as table
+        import harness.port.verl as table
     else:
-        from harness.port import easyr1 as table
+        import harness.port.easyr1 as table
     return table
 
 

@@ -8,7 +8,7 @@ round, arm.num_iterations passes, budget.max_steps optimizer steps (docs/arms.md
 
 from __future__ import annotations
 
-from harness.port import common as C
+import harness.port.common as C
 from harness.port.core import (Ctx, Field, dist, exact, inactive_unless, info, lacks, mapped, not_impl, only,
                                unset_or, when)
 
