@@ -235,8 +235,8 @@ class PeriodicEvalCallback(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         self.evaluated = self.pending = None
         step = state.global_step
-        if step % self.every or training_ends_here(self.ctx, state, control) or self.ctx.nonfinite_abort:
-            return control  # (budget and non-finite decisions are all-reduced: every rank agrees)
+        if step % self.every or training_ends_here(self.ctx, state, control):
+            return control  # (the budget's decision is all-reduced: every rank agrees)
         self.evaluated = step
         control.should_save = True  # the eval's checkpoint (kept: CheckpointCallback)
         if state.is_world_process_zero:

@@ -267,24 +267,32 @@ def _max_response(f: Field, ctx: Ctx):
             "responses too, so also arm.mask_truncated_completions=false (the harness's default masks them)")
 
 
-def _save_freq(f: Field, ctx: Ctx):
-    if f.value in (-1, 0, None):
-        return "locally_lowered", None, "no saving: the harness always checkpoints (train.save_steps) to resume"
-    cycle = ctx.facts.get("steps_per_rollout", 1) * (ctx.facts.get("ppo_epochs") or 1)
-    ctx.set("train.save_steps", int(f.value) * cycle, f.path)
-    return ("semantically_conformant", "train.save_steps",
-            f"every {f.value} rollout steps = {f.value} x {cycle} optimizer steps")
+def _every_rollouts(key: str, off: tuple[str, str], extra: str = ""):
+    """A frequency the source counts in rollout steps (-1/0/null: off) -> `key` in optimizer steps."""
+    def h(f: Field, ctx: Ctx):
+        if f.value in (-1, 0, None):
+            return off[0], None, off[1]
+        cycle = ctx.facts.get("steps_per_rollout", 1) * (ctx.facts.get("ppo_epochs") or 1)
+        ctx.set(key, int(f.value) * cycle, f.path)
+        return "semantically_conformant", key, f"every {f.value} rollout steps = {f.value} x {cycle} optimizer steps{extra}"
+    return h
 
 
-def _eval_freq(f: Field, ctx: Ctx):
-    """verl trainer.test_freq / EasyR1 trainer.val_freq: a validation every N rollout steps -> train.eval_steps."""
-    if f.value in (-1, 0, None):
-        return "informational_only", None, "no periodic eval (the harness evaluates before and after training)"
-    cycle = ctx.facts.get("steps_per_rollout", 1) * (ctx.facts.get("ppo_epochs") or 1)
-    ctx.set("train.eval_steps", int(f.value) * cycle, f.path)
-    return ("semantically_conformant", "train.eval_steps",
-            f"every {f.value} rollout steps = {f.value} x {cycle} optimizer steps; greedy on data.eval_split (the "
-            "source validates with its rollout's sampling settings on its val files)")
+_save_freq = _every_rollouts("train.save_steps", ("locally_lowered", "no saving: the harness always checkpoints "
+                                                  "(train.save_steps) to resume"))
+# verl trainer.test_freq / EasyR1 trainer.val_freq: a validation every N rollout steps
+_eval_freq = _every_rollouts("train.eval_steps", ("informational_only", "no periodic eval (the harness evaluates "
+                                                  "before and after training)"),
+                             "; greedy on data.eval_split (the source validates with its rollout's sampling settings "
+                             "on its val files)")
+
+
+def _rollout_batch(f: Field, ctx: Ctx):
+    """verl data.train_batch_size / EasyR1 data.rollout_batch_size: prompts per generation round."""
+    return ("semantically_conformant", "arm.steps_per_generation",
+            f"prompts per rollout = arm.prompts_per_step x arm.steps_per_generation ({f.value} = "
+            f"{ctx.overrides.get('arm.prompts_per_step')} x {ctx.overrides.get('arm.steps_per_generation')}): one "
+            "generation round, trained on in that many optimizer steps")
 
 
 def _save_limit(f: Field, ctx: Ctx):
@@ -294,4 +302,5 @@ def _save_limit(f: Field, ctx: Ctx):
     return "exact", "train.keep_last", "resumable checkpoints kept"
 
 
-MAX_RESPONSE, SAVE_FREQ, SAVE_LIMIT, EVAL_FREQ = _max_response, _save_freq, _save_limit, _eval_freq
+MAX_RESPONSE, SAVE_FREQ, SAVE_LIMIT, EVAL_FREQ, ROLLOUT_BATCH = (_max_response, _save_freq, _save_limit, _eval_freq,
+                                                                 _rollout_batch)

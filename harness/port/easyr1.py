@@ -147,11 +147,7 @@ RULES = [
     ("data.max_prompt_length", not_impl("the harness neither truncates nor filters prompts (no prompt cap); the data "
                                         "contract checks each prompt's token envelope")),
     ("data.max_response_length", C.MAX_RESPONSE),
-    ("data.rollout_batch_size", lambda f, ctx: (
-        "semantically_conformant", "arm.steps_per_generation",
-        f"prompts per rollout = arm.prompts_per_step x arm.steps_per_generation ({f.value} = "
-        f"{ctx.overrides.get('arm.prompts_per_step')} x {ctx.overrides.get('arm.steps_per_generation')}): one "
-        "generation round, trained on in that many optimizer steps")),
+    ("data.rollout_batch_size", C.ROLLOUT_BATCH),
     ("data.mini_rollout_batch_size", lambda f, ctx: (
         ("not_implemented", None, "generation batch of online filtering: the harness samples exactly one round of "
          "data.rollout_batch_size prompts") if ctx.get("algorithm.online_filtering") else

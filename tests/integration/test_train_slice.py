@@ -7,6 +7,7 @@ the tests of this module; each checks one invariant of the run directory.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from collections import Counter
@@ -327,7 +328,9 @@ def test_completion_records_phase_times_and_the_summary_shows_them(grpo_run):
     assert list(phases) == ["parent", "imports", "data", "model", "eval_before", "train", "eval_after", "finalize"]
     assert all(v >= 0 for v in phases.values()) and phases["parent"] > 0 and phases["train"] > 0
     assert sum(phases.values()) - phases["parent"] - phases["imports"] <= comp["wall_time_s"] + 0.5
-    assert "phases (s): parent" in proc.stderr and "eval before 0.0 (reused)" in proc.stderr
+    # the reuse is said, and what it cost is a copy, not an eval (no absolute time: "0.0" failed at 0.4 s on a loaded machine)
+    assert "phases (s): parent" in proc.stderr and re.search(r"eval before \d+\.\d \(reused\)", proc.stderr)
+    assert comp["eval_before"]["reused_from"] and phases["eval_before"] < phases["eval_after"] + 1.0
     assert comp["image_cache"]["hits"] > 0
 
 
