@@ -384,6 +384,23 @@ class MetricsCallback(TrainerCallback):
         return control
 
 
+class TrackioCallback(TrainerCallback):
+    """Every logged row into the run's open trackio run (harness.trackers.open_trackio), named as Transformers
+    names them for W&B (train/*, eval/*): transformers' own TrackioCallback would re-open the run as a run of
+    its TrainingArguments (no group, no harness config). Rank 0."""
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not state.is_world_process_zero or "train_runtime" in (logs or {}):
+            return control  # (the end-of-training summary: completion.json's figures follow at the end)
+        import trackio
+        from transformers.integrations.integration_utils import rewrite_logs
+
+        scalars = {k: v for k, v in (logs or {}).items() if isinstance(v, (int, float))}
+        if scalars:
+            trackio.log(rewrite_logs(scalars), step=state.global_step)
+        return control
+
+
 class QuietProgressCallback(ProgressCallback):
     """TRL's progress bar without printing every logs dict (MetricsCallback prints one line). For RL arms the bar
     counts sampled tokens against the budget, which is what stops the run (max_steps is only a cap: a bar of

@@ -48,8 +48,8 @@ def plan_of(compose_cfg, tmp_path):
 
 def run_harness(*args: str, module: str = "harness", cwd: Path | None = None, timeout: float = 120,
                 env: dict | None = None) -> subprocess.CompletedProcess:
-    """`python -m <module> args...` in a subprocess, as a user would run it."""
-    full_env = {**os.environ, **(env or {})}
+    """`python -m <module> args...` in a subprocess, as a user would run it; `env` values of None unset a variable."""
+    full_env = {k: v for k, v in {**os.environ, **(env or {})}.items() if v is not None}
     full_env.pop("HYDRA_FULL_ERROR", None)
     return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd or REPO, capture_output=True,
                           text=True, timeout=timeout, env=full_env)

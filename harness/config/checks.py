@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import importlib.util
+import re
 import os
 import shutil
 from pathlib import Path
@@ -248,6 +249,13 @@ def check_rollout_and_placement(cfg: Config, out: Findings) -> None:
     if cfg.logger.wandb_mode not in ("online", "offline", "disabled"):
         out.error("logger.wandb_mode", cfg.logger.wandb_mode, "must be online, offline or disabled",
                   "use logger.wandb_mode=offline (no network here)")
+    if cfg.logger.trackio and importlib.util.find_spec("trackio") is None:
+        out.error("logger.trackio", True, "trackio is not installed", "pip install -c constraints.txt -e '.[track]' "
+                  "(scripts/ensure_venv.sh installs it), or drop trackio from logger=[...]")
+    project = cfg.logger.trackio_project
+    if cfg.logger.trackio and (not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", project) or project.startswith("registry-")):
+        out.error("logger.trackio_project", project, "is not a trackio project name (letters, digits, '.', '_', '-'; "
+                  "'registry-' is reserved: the project is a file name)", "use e.g. logger.trackio_project=harness")
 
 
 # --- the push to the Hub

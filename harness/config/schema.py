@@ -161,6 +161,8 @@ class LoggerConfig:
     wandb: bool = f(False, "also log to Weights & Biases", semantic=False)
     wandb_mode: str = f("offline", "online | offline | disabled", semantic=False)
     wandb_project: str = f("harness", "wandb project", semantic=False)
+    trackio: bool = f(False, "also log to trackio (local-first: <output_root>/trackio unless TRACKIO_DIR is set)", semantic=False)
+    trackio_project: str = f("harness", "trackio project (one database per project: the runs of a sweep side by side)", semantic=False)
     console: bool = f(True, "one concise line per logged step on stderr", semantic=False)
 
 

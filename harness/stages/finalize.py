@@ -114,10 +114,10 @@ def write_completion(plan, run, *, ctx, trainer, train_out, evals: dict, wall_s:
     out["start_phases_s"] = dict(clock.start)  # seconds from this process's start to each phase's end (this write's)
     point(f"{plan.kind}.completion")  # tests only (harness.faults)
     atomic_write_json(run.path / COMPLETION, out)
-    if c["logger"]["wandb"]:
+    if c["logger"]["wandb"] or c["logger"]["trackio"]:
         from harness.trackers import log_completion
 
-        log_completion(out)  # eval/* and budget/* into the run's W&B run (finished when the run ends)
+        log_completion(out)  # eval/* and budget/* into the run's W&B / trackio run (finished when the run ends)
     if c["logger"]["tensorboard"]:
         from harness.trackers import log_tensorboard
 

@@ -15,7 +15,8 @@ from arms.common import LOGGER_ENV, BuildContext, trainer_totals
 from harness import dist
 from harness.accounting.logs import METRICS_PATH, AppendLog, Frontier, ledger_path, trace_path
 from harness.callbacks import (BudgetCallback, CheckpointCallback, FirstStepCallback, HaltCallback, MetricsCallback,
-                               NonFiniteCallback, QuietProgressCallback, RunContext, WatchdogCallback)
+                               NonFiniteCallback, QuietProgressCallback, RunContext, TrackioCallback,
+                               WatchdogCallback)
 from harness.errors import NonFiniteError, Problem
 from harness.diagnostics import StackDumps
 from harness.halt import Halt, Halted
@@ -179,6 +180,8 @@ def build(plan, run_dir: Path, data, policy: Policy, ctx: RunContext, resume: Re
     callbacks.append(NonFiniteCallback(ctx, c["train"]["max_nonfinite_steps"]))  # last: it can veto the save
     if dumps is not None:
         callbacks.append(WatchdogCallback(dumps))
+    if c["logger"]["trackio"]:
+        callbacks.append(TrackioCallback())
     bctx = BuildContext(plan=plan, run_dir=run_dir, model=policy.model, processor=policy.processor,
                         train_dataset=dataset, callbacks=callbacks, reward_fn=reward,
                         suppress_token_ids=policy.suppress_token_ids, device=device_of(plan), world=ctx.world)
@@ -211,6 +214,10 @@ def train(plan, run_dir: Path, data, policy: Policy, resume: ResumePoint, clock,
         from harness.trackers import open_wandb
 
         open_wandb(plan, run_dir)  # with the run's identity; it stays open through the final eval (finalize)
+    if plan.config["logger"]["trackio"] and dist.is_main():
+        from harness.trackers import open_trackio
+
+        open_trackio(plan)  # the same, into <output_root>/trackio
     trainer = build(plan, run_dir, data, policy, ctx, resume, halt=halt, dumps=dumps)
     trainer.add_callback(FirstStepCallback(clock))
     if resume.checkpoint is not None:

@@ -145,12 +145,30 @@ def test_joblib_jobs_share_the_warm_start_and_a_crash_mid_training_spares_the_ot
     assert (papo / "completion.json").read_bytes() == papo_bytes
 
 
-def test_jobs_in_one_process_get_their_own_wandb_and_tensorboard_runs(tmp_path):
+def trackio_runs(db: Path) -> dict:
+    """{run name: {"config": ..., "rows": {step: merged metrics}}} of a trackio project database (its SQLite
+    tables, read without trackio)."""
+    import sqlite3
+
+    con = sqlite3.connect(db)
+    runs = {name: {"config": json.loads(cfg), "rows": {}} for name, cfg in con.execute("SELECT run_name, config FROM configs")}
+    for name, step, metrics in con.execute("SELECT run_name, step, metrics FROM metrics ORDER BY id"):
+        runs[name]["rows"].setdefault(step, {}).update(json.loads(metrics))
+    con.close()
+    return runs
+
+
+def test_jobs_in_one_process_get_their_own_wandb_tensorboard_and_trackio_runs(tmp_path):
     """The basic launcher runs every job in one process: W&B caches its settings process-wide and TRL leaves
-    its run open, so without closing them the second job logged into the first job's run dir."""
-    proc = run_harness("-m", "arm=sft", "debug=tiny", "logger=[wandb,tensorboard]", "seed=0,1",
-                       "budget.max_steps=3", f"output_root={tmp_path}", env={"WANDB_MODE": "offline"}, timeout=600)
+    its run open, so without closing them the second job logged into the first job's run dir. The trackio runs
+    of both jobs share one database under output_root, each with its identity, its steps and the final eval."""
+    proc = run_harness("-m", "arm=sft", "debug=tiny", "logger=[wandb,tensorboard,trackio]", "seed=0,1",
+                       "budget.max_steps=3", "train.eval_steps=2", f"output_root={tmp_path}",
+                       env={"WANDB_MODE": "offline", "TRACKIO_DIR": None}, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Trackio project initialized" not in proc.stdout + proc.stderr  # its banner: one harness line instead
+    tracked = trackio_runs(tmp_path / "trackio" / "harness.db")
+    assert sorted(tracked) == sorted(r.name for r in (tmp_path / "runs").iterdir())
     runs = sorted((tmp_path / "runs").iterdir())
     assert len(runs) == 2
     groups = set()
@@ -166,6 +184,17 @@ def test_jobs_in_one_process_get_their_own_wandb_and_tensorboard_runs(tmp_path):
             "eval_after"]["accuracy"]
         assert rec["summary"]["budget/realized_loss_tokens"] > 0
         groups.add(rec["group"])
+        # trackio: the same identity; every metrics.jsonl row's values, the periodic eval, the final figures
+        tr = tracked[run.name]
+        assert tr["config"]["_Group"] == rec["group"] and {"sft", f"seed-{seed}"} <= set(tr["config"]["tags"])
+        assert tr["config"]["harness"]["config"]["arm"]["name"] == "sft"
+        rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        for row in rows:
+            assert tr["rows"][row["step"]]["train/loss"] == pytest.approx(row["loss"])
+        assert "eval/accuracy" in tr["rows"][2]  # the periodic eval at step 2
+        last = tr["rows"][3]
+        assert last["eval/accuracy_after"] == rec["summary"]["eval/accuracy_after"]
+        assert last["budget/realized_loss_tokens"] == rec["summary"]["budget/realized_loss_tokens"]
     assert len(groups) == 1 and groups.pop().startswith("sft-")  # two seeds of one condition
     assert "URL not available" not in proc.stderr  # TRL's model card asked W&B at every save
 

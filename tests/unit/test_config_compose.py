@@ -49,7 +49,7 @@ def test_groups_are_the_designed_ones():
         "data": ["jsonl", "synthetic"],
         "debug": ["tiny"],
         "experiment": ["comparison", "evi_po_direction_only", "tune_papo"],
-        "logger": ["jsonl", "none", "tensorboard", "wandb"],
+        "logger": ["jsonl", "none", "tensorboard", "trackio", "wandb"],
         "model": ["qwen", "tiny_lm", "tiny_vlm"],
         "placement": ["ddp", "deepspeed", "deepspeed_zero3", "fsdp", "single"],
         "rollout": ["hf", "vllm_colocate", "vllm_server"],
@@ -157,11 +157,20 @@ def test_placement_combinations_accepted_on_a_gpu_node(gpu_node, plan_of, overri
     assert plan_of(*overrides).config["placement"]["kind"] in ("fsdp", "deepspeed")
 
 
-@pytest.mark.parametrize("sinks", ["[tensorboard,wandb]", "[wandb,tensorboard]"])
+@pytest.mark.parametrize("sinks", ["[tensorboard,wandb,trackio]", "[trackio,wandb,tensorboard]"])
 def test_a_list_of_loggers_turns_on_every_sink(compose_cfg, sinks):
     """Each logger option sets only its own flag over the schema (the schema is the root's, not each option's):
     a list of options keeps every sink on (it used to keep only the last)."""
     cfg, _ = compose_cfg(f"logger={sinks}")
     assert cfg.logger.tensorboard is True and cfg.logger.wandb is True and cfg.logger.wandb_mode == "offline"
+    assert cfg.logger.trackio is True
     one, _ = compose_cfg("logger=tensorboard")
-    assert one.logger.tensorboard is True and one.logger.wandb is False
+    assert one.logger.tensorboard is True and one.logger.wandb is False and one.logger.trackio is False
+
+
+def test_a_trackio_project_that_is_not_a_file_name_is_refused_at_plan_time(plan_of):
+    from harness.errors import HarnessError
+
+    with pytest.raises(HarnessError) as e:
+        plan_of("logger=trackio", "logger.trackio_project=my/project")
+    assert "logger.trackio_project" in str(e.value) and "my/project" in str(e.value)
