@@ -112,6 +112,7 @@ def build_plan(cfg: DictConfig | Config, choices: Mapping[str, Any] | None = Non
         "non_semantic_fields": non_semantic,
         "data": planned_data_identity(typed),
         "model": planned_model_identity(typed),
+        **typed.arm.extra_identity(typed),  # e.g. opd's teacher
         **(process_identity or {"code": ident.code_identity(), "environment": ident.environment_identity()}),
     }
     kind = registry()[typed.arm.name].kind

@@ -27,6 +27,9 @@ from dataclasses import dataclass
 from typing import Any
 
 
+FIXED_AT_ONE = ("num_generations", "steps_per_generation", "num_iterations")
+
+
 @dataclass(frozen=True)
 class GenerationRound:
     prompts_per_step: int  # unique prompts per optimizer step, all ranks
@@ -39,8 +42,12 @@ class GenerationRound:
 
     @classmethod
     def of(cls, arm: Any, world: int = 1) -> "GenerationRound":
-        """From the arm config (a dict of the plan's config, or the typed GrpoArm)."""
-        get = (lambda k: arm[k]) if isinstance(arm, dict) else (lambda k: getattr(arm, k))
+        """From the arm config (a dict of the plan's config, or the typed GrpoArm). An arm whose trainer fixes
+        num_generations, steps_per_generation and num_iterations at 1 (opd) has no such fields: they are 1."""
+        if isinstance(arm, dict):
+            get = lambda k: arm[k] if k in arm or k not in FIXED_AT_ONE else 1  # noqa: E731
+        else:
+            get = lambda k: getattr(arm, k)  # noqa: E731
         return cls(prompts_per_step=get("prompts_per_step"), num_generations=get("num_generations"),
                    steps_per_generation=get("steps_per_generation"), num_iterations=get("num_iterations"),
                    gradient_accumulation_steps=get("gradient_accumulation_steps"),

@@ -230,12 +230,12 @@ def acquire_lock(run_dir: Path) -> int:
 
 
 def identity_diffs(recorded: dict, current: dict) -> list[FieldDiff]:
-    """The identity fields that must match for a resume: semantic config, data, model."""
+    """The identity fields that must match for a resume: semantic config, data, model, an arm's own (teacher)."""
     diffs = []
     for key in ("semantic_sha256",):
         if recorded.get(key) != current.get(key):
             diffs.append(FieldDiff(f"identity.{key}", recorded.get(key), current.get(key)))
-    for part in ("data", "model"):
+    for part in ("data", "model", "teacher"):
         old, new = recorded.get(part) or {}, current.get(part) or {}
         for key in sorted(set(old) | set(new)):
             if key.endswith("sha256") and old.get(key) and new.get(key) and old[key] != new[key]:

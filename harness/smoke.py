@@ -51,6 +51,7 @@ def smoke(plan) -> int:
     kill_step = save_steps + 1  # mid-way between checkpoint `save_steps` and the next one
     if run_dir.exists():
         shutil.rmtree(run_dir)
+    link_referenced_runs(plan, smoke_root)
     args = [a for a in plan.overrides
             if not a.startswith(("run_mode=", "output_root=", "resume=", "data.cache_dir=", "model.cache_dir="))]
     cmd = [sys.executable, "-m", "harness", *args, f"output_root={smoke_root}", "run_mode=normal", "resume=auto",
@@ -82,6 +83,19 @@ def smoke(plan) -> int:
     log.info("smoke: passed: resumed from checkpoint-%d, every audit passed, accounting continuous (%s)",
              save_steps, run_dir)
     return 0
+
+
+def link_referenced_runs(plan, smoke_root: Path) -> None:
+    """The runs the plan names by run:<name> (opd's arm.teacher, in identity.teacher) resolve under output_root/runs:
+    the children's output_root is <output_root>/smoke, so each gets a link there to the same run."""
+    for part in plan.identity.values():
+        if not (isinstance(part, dict) and str(part.get("spec", "")).startswith("run:") and part.get("run_name")):
+            continue
+        target = Path(plan.config["output_root"]).resolve() / "runs" / part["run_name"]
+        link = smoke_root / "runs" / part["run_name"]
+        link.parent.mkdir(parents=True, exist_ok=True)
+        if not link.exists():
+            link.symlink_to(target, target_is_directory=True)
 
 
 def check_resumed_run(run_dir: Path) -> list[str]:

@@ -54,30 +54,40 @@ class GrpoArm(ArmConfig):
     mask_truncated_completions: bool = f(True, "exclude truncated completions from the loss (they still count in the budget)")
 
     def check(self, cfg, out) -> None:
-        b = cfg.budget
-        if self.init not in ("sft", "scratch") and not any((Path(self.init) / name).is_file()
-                                                           for name in ("config.json", "adapter_config.json")):
-            out.error("arm.init", self.init, "is neither sft, scratch, nor a policy directory (config.json or "
-                      "adapter_config.json in it)",
-                      "use arm.init=sft (default), arm.init=scratch, or a path to an adapter / full weights")
-        rnd = GenerationRound.of(self, world=cfg.placement.num_processes)
-        for problem in rnd.problems():
-            out.error(*problem)
-        if b.max_completion_tokens < rnd.token_bound:
-            out.error("budget.max_completion_tokens", b.max_completion_tokens,
-                      f"is below one generation round's worst case ({rnd.prompts} prompts x {self.num_generations} "
-                      f"generations x {self.max_completion_length} tokens = {rnd.token_bound}), so no round fits",
-                      f"raise it to at least {rnd.token_bound}, or shrink the round")
-        cycle = rnd.cycle  # TRL regenerates once every `cycle` optimizer steps
-        if cycle > 1 and cfg.train.save_steps % cycle:
-            out.error("train.save_steps", cfg.train.save_steps,
-                      f"must be a multiple of the generation cycle, arm.steps_per_generation x arm.num_iterations "
-                      f"({cycle}): the generation buffer is not checkpointed, so a resume mid-cycle would regenerate "
-                      "it and diverge",
-                      f"use a multiple of {cycle}")
+        check_init(self, out)
+        check_round(self, cfg, out)
         if self.epsilon_high is not None and self.epsilon_high < self.epsilon:
             out.error("arm.epsilon_high", self.epsilon_high, f"is below arm.epsilon ({self.epsilon})",
                       "set epsilon_high >= epsilon, or null to use epsilon")
+
+
+def check_init(arm, out) -> None:
+    """arm.init of an arm that starts from a policy (every RL arm, opd)."""
+    if arm.init not in ("sft", "scratch") and not any((Path(arm.init) / name).is_file()
+                                                      for name in ("config.json", "adapter_config.json")):
+        out.error("arm.init", arm.init, "is neither sft, scratch, nor a policy directory (config.json or "
+                  "adapter_config.json in it)",
+                  "use arm.init=sft (default), arm.init=scratch, or a path to an adapter / full weights")
+
+
+def check_round(arm, cfg, out) -> None:
+    """The generation round of an arm that samples (harness.rounds): its layout, the budget, the save cycle."""
+    b = cfg.budget
+    rnd = GenerationRound.of(arm, world=cfg.placement.num_processes)
+    for problem in rnd.problems():
+        out.error(*problem)
+    if b.max_completion_tokens < rnd.token_bound:
+        out.error("budget.max_completion_tokens", b.max_completion_tokens,
+                  f"is below one generation round's worst case ({rnd.prompts} prompts x {arm.num_generations} "
+                  f"generations x {arm.max_completion_length} tokens = {rnd.token_bound}), so no round fits",
+                  f"raise it to at least {rnd.token_bound}, or shrink the round")
+    cycle = rnd.cycle  # TRL regenerates once every `cycle` optimizer steps
+    if cycle > 1 and cfg.train.save_steps % cycle:
+        out.error("train.save_steps", cfg.train.save_steps,
+                  f"must be a multiple of the generation cycle, arm.steps_per_generation x arm.num_iterations "
+                  f"({cycle}): the generation buffer is not checkpointed, so a resume mid-cycle would regenerate "
+                  "it and diverge",
+                  f"use a multiple of {cycle}")
 
 
 def require_images(cfg, out) -> None:

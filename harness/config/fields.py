@@ -109,3 +109,9 @@ class ArmConfig:
     def check(self, cfg, out) -> None:
         """The arm's own plan-time rules over the whole typed config `cfg`: out.error(field, value, why, fix),
         out.warn(text) (harness.config.checks.Findings). Subclasses extend it (super().check first)."""
+        return None
+
+    def extra_identity(self, cfg) -> dict:
+        """Parts of the plan's identity beyond config, data and model (after check passed), e.g. opd's teacher:
+        {part: {field: value}}; a field ending in sha256 that changes refuses a resume (harness.rundir)."""
+        return {}

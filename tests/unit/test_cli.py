@@ -77,7 +77,7 @@ def test_config_error_exits_2_listing_every_problem():
 
 def test_help_and_cfg_job():
     h = run_harness("--help")
-    assert h.returncode == 0 and "arm: evi_po, grpo, papo, sft" in h.stdout and "arm.gamma" in h.stdout
+    assert h.returncode == 0 and "arm: evi_po, grpo, opd, papo, sft" in h.stdout and "arm.gamma" in h.stdout
     assert "schema/" not in h.stdout.split("Fields")[0]
     c = run_harness("--cfg", "job", "arm=papo")
     assert c.returncode == 0 and "gamma: 0.02" in c.stdout and "Traceback" not in c.stderr
@@ -101,7 +101,7 @@ def test_the_harness_console_script_and_its_tab_completion(tmp_path):
         assert proc.returncode == 0, proc.stderr
         return proc.stdout.split()
 
-    assert complete("harness arm=") == ["arm=evi_po", "arm=grpo", "arm=papo", "arm=sft"]
+    assert complete("harness arm=") == ["arm=evi_po", "arm=grpo", "arm=opd", "arm=papo", "arm=sft"]
     assert set(complete("harness experiment=")) == {"experiment=comparison", "experiment=evi_po_direction_only",
                                                   "experiment=tune_papo"}
     assert complete("harness arm=evi_po arm.lambda_") == ["arm.lambda_direction=", "arm.lambda_evidence="]

@@ -25,7 +25,7 @@ def _refused_here() -> dict:
     from harness.config.checks import cuda_visible, find_cached_snapshot
 
     gpu, has = cuda_visible(), (lambda m: importlib.util.find_spec(m) is not None)
-    out = {}
+    out = {("arm", "opd"): "arm.teacher"}  # opd distills from a teacher: none is set by default (tests/unit/test_opd.py)
     qwen = OmegaConf.load(CONF / "model" / "qwen.yaml")
     if not qwen.get("path") and find_cached_snapshot(qwen.get("hub_id")) is None:
         out[("model", "qwen")] = "model.hub_id"  # no real checkpoint in the local HF cache
@@ -44,7 +44,7 @@ REFUSED_HERE = _refused_here()
 def test_groups_are_the_designed_ones():
     assert GROUPS == ["arm", "budget", "data", "debug", "experiment", "logger", "model", "placement", "rollout"]
     assert {g: sorted(y.stem for y in (CONF / g).glob("*.yaml")) for g in GROUPS} == {
-        "arm": ["evi_po", "grpo", "papo", "sft"],
+        "arm": ["evi_po", "grpo", "opd", "papo", "sft"],
         "budget": ["default"],
         "data": ["jsonl", "synthetic"],
         "debug": ["tiny"],

@@ -156,7 +156,7 @@ def test_check_static_leaves_added_keys_to_each_job():
 @pytest.mark.parametrize("override, field, fix", [
     ("arm.lamda_direction=0.5", "arm.lamda_direction", "arm.lambda_direction is a key of arm=evi_po only"),
     ("armm=grpo", "armm", "did you mean arm?"),
-    ("arm=nope", "arm", "use one of: evi_po, grpo, papo, sft"),
+    ("arm=xyzzy", "arm", "use one of: evi_po, grpo, opd, papo, sft"),
     ("arm.num_generations=eight", "arm.num_generations", "takes an int"),
     ("mode=dryrun", "mode", "mode takes one of: train, plan"),
     ("+arm.learning_rate=1e-3", "arm.learning_rate", "++arm.learning_rate=1e-3"),

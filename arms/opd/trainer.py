@@ -1,0 +1,103 @@
+"""opd's trainer: TRL's DistillationTrainer as shipped (generation, the chunked divergence, its loss scaling), with
+the harness's accounting of the student's samples (docs/arms.md opd). Imports torch and trl.
+
+One private point of TRL is used, here only, tagged NOTE(trl-1.16) and pinned by tests/unit/test_trl_contract.py:
+`_generate_and_score_completions` is wrapped. TRL samples one completion per prompt there, once per optimizer
+step (its generation batch is the step's prompts); the wrapper hands the completions to the harness reward
+function, which writes their ledger and trace rows and counts their tokens for the budget (the reward is
+recorded, not trained on). The teacher is loaded from the plan's identity (the directory whose digest the plan
+recorded), merged if it is an adapter, frozen, in eval mode.
+
+The divergence: TRL passes one temperature to sampling and to the loss; here the student samples at
+arm.temperature and the divergence compares the two distributions at arm.loss_temperature (1.0: the policies
+themselves), so a sampling knob does not leak into the objective.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from arms.common import BuildContext, training_kwargs
+from harness.rounds import GenerationRound
+
+
+def opd_config_kwargs(ctx: BuildContext) -> dict:
+    a = ctx.plan.config["arm"]
+    rnd = GenerationRound.of(a, world=ctx.world)  # the plan checked that it divides
+    return dict(
+        training_kwargs(ctx),
+        # TRL's generation batch = per_device_train_batch_size x ranks x accumulation = one optimizer step's prompts
+        per_device_train_batch_size=rnd.per_device_train_batch_size,
+        max_completion_length=a["max_completion_length"],
+        temperature=a["temperature"],
+        top_p=a["top_p"],
+        top_k=a["top_k"],
+        beta=a["beta"],
+        # generation_kwargs REPLACES TRL's default suppress_tokens (docs/platform.md): list them ourselves
+        generation_kwargs={"suppress_tokens": list(ctx.suppress_token_ids)},
+        shuffle_dataset=True,
+        log_completions=False,
+        disable_dropout=True,
+    )
+
+
+def load_teacher(path: str, device: str):
+    """The teacher's model, frozen: a full policy directory, or an adapter merged into its base."""
+    from harness.policy import load_policy
+
+    model, _ = load_policy(Path(path), trainable=False)
+    if hasattr(model, "merge_and_unload"):
+        model = model.merge_and_unload()
+    model.requires_grad_(False)
+    return model.to(device).eval()
+
+
+def build_trainer(ctx: BuildContext):
+    from trl import DistillationConfig, DistillationTrainer
+
+    class OpdTrainer(DistillationTrainer):
+        """DistillationTrainer whose sampled completions go through the harness reward function (ledger, trace,
+        budget); see the module docstring."""
+
+        def __init__(self, *args, harness_reward, generation_round: GenerationRound, loss_temperature: float,
+                     **kwargs):
+            super().__init__(*args, **kwargs)
+            self.harness_reward, self.generation_round = harness_reward, generation_round
+            # TRL built its GenerationConfig from args.temperature above; from here on self.temperature is read
+            # by the loss only (_compute_loss -> _chunked_divergence_loss(temperature=self.temperature))
+            self.temperature = loss_temperature
+
+        def _generate_and_score_completions(self, inputs):
+            # NOTE(trl-1.16): the one private hook. TRL samples the completions of `inputs` (one per prompt) and
+            # returns the batch: prompt/completion ids and masks (right-padded), pixel_values, ...
+            rnd = self.generation_round
+            if self.model.training and len(inputs) != rnd.local_completions:
+                raise RuntimeError(f"TRL sampled {len(inputs)} prompts on this rank, the harness's generation round "
+                                   f"has {rnd.local_completions}: the TRL mapping (arms.opd) no longer matches TRL; "
+                                   "run tests/unit/test_trl_contract.py")
+            batch = super()._generate_and_score_completions(inputs)
+            if self.model.training:
+                ids = [row[mask.bool()].tolist() for row, mask in
+                       zip(batch["completion_ids"].cpu(), batch["completion_mask"].cpu())]
+                texts = self.processing_class.batch_decode(ids, skip_special_tokens=True)
+                rewards = self.harness_reward(prompts=[x["prompt"] for x in inputs], completions=texts,
+                                              completion_ids=ids, trainer_state=self.state,
+                                              row=[x["row"] for x in inputs])
+                self._metrics["train"]["reward"].append(sum(rewards) / len(rewards))
+            return batch
+
+    a = ctx.plan.config["arm"]
+    rnd = GenerationRound.of(a, world=ctx.world)
+    teacher = load_teacher(ctx.plan.identity["teacher"]["path"], ctx.device)
+    trainer = OpdTrainer(
+        model=ctx.model,
+        teacher_model=teacher,
+        args=DistillationConfig(**opd_config_kwargs(ctx)),
+        train_dataset=ctx.train_dataset,
+        processing_class=ctx.processor,
+        callbacks=ctx.callbacks,
+        harness_reward=ctx.reward_fn,
+        generation_round=rnd,
+        loss_temperature=a["loss_temperature"],
+    )
+    return trainer

@@ -1,0 +1,86 @@
+"""arm=opd end to end (debug=tiny): a student distills from a finished run's final policy under the token budget,
+with the RL arms' accounting; a changed teacher refuses the resume with the field that changed."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from harness.accounting.logs import read_rows
+from harness.verify import verify
+from tests.conftest import run_harness
+
+TINY = ("debug=tiny", "arm.init=scratch")  # the student starts from the base model: the teacher is the SFT run
+
+
+@pytest.fixture(scope="module")
+def teacher(tmp_path_factory):
+    """(output_root, the SFT run's name): a finished debug=tiny SFT run to distill from."""
+    out = tmp_path_factory.mktemp("opd")
+    proc = run_harness("arm=sft", "debug=tiny", f"output_root={out}", timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (run,) = (out / "runs").iterdir()
+    return out, run.name
+
+
+def test_a_student_distills_under_the_budget_with_the_rl_accounting(teacher):
+    out, sft = teacher
+    proc = run_harness("arm=opd", *TINY, f"arm.teacher=run:{sft}", f"output_root={out}", timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (run,) = (p for p in (out / "runs").iterdir() if p.name.startswith("opd-"))
+    comp = json.loads((run / "completion.json").read_text())
+    manifest = json.loads((run / "run_manifest.json").read_text())
+    # the budget, not max_steps, stopped it, under its ceiling
+    assert comp["stopped_by"] == "budget" and comp["optimizer_steps"] < manifest["plan"]["budget"]["max_steps"]
+    assert comp["realized_completion_tokens"] <= comp["completion_token_ceiling"]
+    # every sampled completion has one ledger and one trace row; the ledger is what the budget counted
+    ledger = list(read_rows(run / "ledgers" / "rank-0.jsonl"))
+    trace = list(read_rows(run / "traces" / "rank-0.jsonl"))
+    assert sum(r["tokens"] for r in ledger) == comp["realized_completion_tokens"]
+    assert [r["completion_id"] for r in ledger] == [r["completion_id"] for r in trace]
+    assert len(ledger) == 32 * comp["optimizer_steps"]  # one completion per prompt, 32 prompts a step
+    assert {r["step"] for r in ledger} == set(range(comp["optimizer_steps"]))
+    # the teacher is the SFT run's final policy, recorded with its digest and its run's identity
+    t = manifest["plan"]["identity"]["teacher"]
+    assert t["run_name"] == sft and t["arm"] == "sft" and t["path"] == str((out / "runs" / sft / "final_policy").resolve())
+    assert len(t["weights_sha256"]) == 64
+    rows = list(read_rows(run / "metrics.jsonl"))
+    assert [r["step"] for r in rows] == list(range(1, comp["optimizer_steps"] + 1))
+    assert all(r["loss"] > 0 and "reward" in r for r in rows)  # the divergence, and the samples' recorded reward
+    assert comp["eval_before"]["n"] == comp["eval_after"]["n"] == 64
+    assert verify(run) == []
+
+
+def test_a_changed_teacher_refuses_the_resume_with_the_field(teacher, tmp_path):
+    out, sft = teacher
+    mine = tmp_path / "teacher"
+    shutil.copytree(out / "runs" / sft / "final_policy", mine)
+    args = ("arm=opd", *TINY, f"arm.teacher={mine}", f"output_root={out}")
+    first = run_harness(*args, "budget.stop_after_steps=2", timeout=600)
+    assert first.returncode == 0, first.stderr[-3000:]  # paused at step 2
+    _perturb_weights(mine)
+    again = run_harness(*args, timeout=600)
+    assert again.returncode == 4, again.stderr[-3000:]
+    assert "identity.teacher.weights_sha256" in again.stderr
+
+
+def _perturb_weights(policy: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    (path,) = policy.glob("*.safetensors")
+    tensors = load_file(path)
+    name = sorted(tensors)[0]
+    tensors[name] = tensors[name] + 1e-3
+    save_file(tensors, path, metadata={"format": "pt"})
+
+
+@pytest.mark.slow
+def test_smoke_passes_for_opd(teacher):
+    """run_mode=smoke: killed after the step past checkpoint N, resumed, audited and continuous."""
+    out, sft = teacher
+    proc = run_harness("arm=opd", *TINY, f"arm.teacher=run:{sft}", "run_mode=smoke", f"output_root={out}", timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "smoke: passed" in proc.stderr
