@@ -135,6 +135,27 @@ def test_gradient_accumulation_changes_neither_samples_nor_update(out, arm):
     assert max((w_ref[k] - v).abs().max().item() for k, v in load_file(init_file).items()) > 0, "no update"
 
 
+def test_gradient_accumulation_changes_neither_samples_nor_update_of_opd(out):
+    """opd (TRL's DistillationTrainer): one generation per optimizer step whatever the accumulation; the loss is
+    summed over the step's completion tokens, so micro-batches add up to the full batch's divergence."""
+    teacher = run(out, "arm=sft", "budget.max_steps=20", "train.save_steps=20")
+    runs = {ga: run(out, "arm=opd", f"arm.teacher=run:{teacher.name}", "arm.init=scratch", "arm.prompts_per_step=8",
+                    f"arm.gradient_accumulation_steps={ga}", "budget.max_steps=1", "train.save_steps=1")
+            for ga in (1, 2, 4)}
+    ref = runs[1]
+    assert len(sampled(ref)) == 8  # 8 prompts, one completion each
+    m_ref, w_ref = metrics(ref)[1], weights(ref)
+    assert m_ref["grad_norm"] > 0 and m_ref["loss"] > 0
+    for ga in (2, 4):
+        assert sampled(runs[ga]) == sampled(ref), f"accumulation {ga} sampled other completions"
+        m = metrics(runs[ga])[1]
+        for key in ("loss", "grad_norm"):
+            assert m[key] == pytest.approx(m_ref[key], rel=1e-5, abs=1e-7), (ga, key, m[key], m_ref[key])
+        w = weights(runs[ga])
+        worst = max((w[k] - w_ref[k]).abs().max().item() for k in w_ref)
+        assert worst <= 2e-6, f"accumulation {ga}: weights after step 1 differ by up to {worst:.3g}"
+
+
 def _steps(calls: list[dict]) -> dict[int, list[dict]]:
     per_step = defaultdict(list)
     for c in calls:
