@@ -82,6 +82,10 @@ def _identity_rows(plan, identity: dict, policy: dict) -> list[tuple[str, str]]:
             ("tuning", m["tuning"]),
             ("policy weights digest", f"`{policy.get('weights_sha256')}` (harness.policy.weights_digest)"),
             ("code", f"commit `{code.get('commit')}`" + (" with uncommitted changes" if code.get("dirty") else ""))]
+    teacher = identity.get("teacher") or plan.identity.get("teacher")
+    if teacher:  # opd: what the student distilled from
+        of_run = f", the final policy of run `{teacher['run_name']}` ({teacher.get('arm')})" if teacher.get("run_name") else ""
+        rows.append(("teacher", f"`{teacher['spec']}`{of_run}, weights digest `{teacher['weights_sha256']}`"))
     init = plan.config["arm"].get("init")
     if plan.rl and init:
         rows.append(("init", f"`{init}`" + (f" (the SFT warm start `{plan.parent.run_name}`)"

@@ -43,7 +43,7 @@ def publish(ckpt_dir: Path, *, step: int, identity: dict, frontier: dict, state:
         "created_at": now(),
         "permanent": permanent,
         **({"kept": kept} if kept else {}),
-        "identity": {k: identity.get(k) for k in ("config_sha256", "semantic_sha256", "data", "model", "code")},
+        "identity": {k: identity.get(k) for k in ("config_sha256", "semantic_sha256", "data", "model", "teacher", "code")},
         "files": file_digests(ckpt_dir),
         "frontier": frontier,
         "state_digests": state,

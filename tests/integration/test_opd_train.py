@@ -47,6 +47,11 @@ def test_a_student_distills_under_the_budget_with_the_rl_accounting(teacher):
     t = manifest["plan"]["identity"]["teacher"]
     assert t["run_name"] == sft and t["arm"] == "sft" and t["path"] == str((out / "runs" / sft / "final_policy").resolve())
     assert len(t["weights_sha256"]) == 64
+    assert t["weights_sha256"] in (run / "final_policy" / "README.md").read_text()  # the model card names it
+    from harness.accounting.checkpoint import CHECKPOINT_MANIFEST
+
+    ckpts = sorted((run / "checkpoints").glob(f"checkpoint-*/{CHECKPOINT_MANIFEST}"))
+    assert ckpts and all(json.loads(c.read_text())["identity"]["teacher"] == t for c in ckpts)
     rows = list(read_rows(run / "metrics.jsonl"))
     assert [r["step"] for r in rows] == list(range(1, comp["optimizer_steps"] + 1))
     assert all(r["loss"] > 0 and "reward" in r for r in rows)  # the divergence, and the samples' recorded reward
