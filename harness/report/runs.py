@@ -79,10 +79,11 @@ def is_run_dir(path: Path) -> bool:
 
 
 def find_run_dirs(root: Path) -> tuple[list[Path], list[Path]]:
-    """(run dirs, sweep folders) at or below `root`; run dirs' subfolders and hidden folders are not searched."""
+    """(run dirs, sweep folders) at or below `root` (links followed: a folder of links to run dirs picks runs); run
+    dirs' subfolders and hidden folders are not searched."""
     runs: list[Path] = []
     sweeps: list[Path] = []
-    for dirpath, dirnames, filenames in os.walk(root):
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):  # a folder of links picks runs
         if MANIFEST in filenames:
             runs.append(Path(dirpath))
             dirnames[:] = []

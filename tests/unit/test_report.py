@@ -490,3 +490,18 @@ def test_without_periodic_evals_the_curve_has_its_two_ends(basic):
     rep, _ = build_report(basic)
     assert rep["groups"][0]["plots"]["accuracy_vs_tokens"]["points_per_run"] == {"grpo": 2, "papo": 2}
     assert rep["groups"][0]["plots"]["diagnostics"]["file"] is None  # no metrics.jsonl in these fixtures
+
+
+def test_a_folder_of_links_to_run_dirs_picks_those_runs(tmp_path):
+    """`python -m harness.report PICK` where PICK holds links to some runs of an output_root (e.g. grpo and opd)."""
+    from harness.report.runs import MANIFEST, find_run_dirs
+
+    for name in ("grpo-a", "opd-b", "sft-c"):
+        (tmp_path / "runs" / name).mkdir(parents=True)
+        (tmp_path / "runs" / name / MANIFEST).write_text("{}")
+    pick = tmp_path / "pick"
+    pick.mkdir()
+    for name in ("grpo-a", "opd-b"):
+        (pick / name).symlink_to(tmp_path / "runs" / name, target_is_directory=True)
+    runs, sweeps = find_run_dirs(pick)
+    assert [r.name for r in runs] == ["grpo-a", "opd-b"] and sweeps == []
