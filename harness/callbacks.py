@@ -45,6 +45,7 @@ class RunContext:
     step_clock: tuple[float, int] | None = None  # (time, global_step) when this process's first step began
     pending_eval: tuple[int, dict] | None = None  # (step, eval_* logs) of a periodic eval, until its row is written
     eval_s: float = 0.0  # seconds of periodic evals in this process (not training time)
+    trace_pending: int = 0  # trace rows sampled but held for their loss's fields (HarnessReward.hold_trace)
 
     @property
     def rl(self) -> bool:
@@ -52,6 +53,9 @@ class RunContext:
         return self.plan.rl
 
     def frontier(self) -> dict:
+        if self.trace_pending:  # a checkpoint would bind a trace without them: they would be lost on resume
+            raise RuntimeError(f"{self.trace_pending} trace rows of this round are still held for their loss's "
+                               "fields at a checkpoint: the arm's loss did not see every completion of the step")
         out = {}
         if self.ledger is not None:
             out["ledger"] = self.ledger.frontier().to_json()

@@ -1,6 +1,7 @@
 """The run lifecycle after planning: parents first, then the run's stages (harness.stages):
 
-    parent plans (the SFT warm start) -> claim run dir -> data -> policy -> resume point -> train -> finalize
+    parent plans (the SFT warm start, then a planned teacher) -> claim run dir -> data -> policy -> resume point
+    -> train -> finalize
 
 One code path for one process and for every rank of a multi-process launch: rank 0 claims the run dir
 and tells the others what it found; all ranks train together; rank 0 finalizes. A completed run is left
@@ -11,12 +12,14 @@ are written last).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
 import traceback
 from pathlib import Path
 
+from arms import registry
 from harness import dist
 from harness.errors import ConfigError, HarnessError, Problem, RunDirLocked
 from harness.faults import point
@@ -33,44 +36,66 @@ def execute(plan: Plan) -> int:
         raise ConfigError([Problem("arm.init", "sft", "this plan carries no SFT parent (it was built from a config "
                                    "without its command line)",
                                    "plan it with harness.cli.compose_plan(argv), or set arm.init=scratch")])
+    if plan.config["arm"].get("teacher") in registry() and plan.teacher is None:
+        raise ConfigError([Problem("arm.teacher", plan.config["arm"]["teacher"], "this plan carries no teacher plan "
+                                   "(it was built from a config without its command line)",
+                                   "plan it with harness.cli.compose_plan(argv), or set arm.teacher=run:<run_name>")])
     t0 = time.perf_counter()
-    ran_parent = plan.parent is not None and _status(plan.run_dir) != "completed"
-    if ran_parent:
-        code = run_parent(plan.parent)
-        if code:  # the warm start was interrupted by a signal: so is this run (the same command continues both)
-            return code
+    todo = _status(plan.run_dir) != "completed"
+    ran_parent = todo and (plan.parent is not None or plan.teacher is not None)
+    for role, before in (("the SFT warm start", plan.parent), ("the teacher", plan.teacher)):
+        if todo and before is not None:
+            code = run_parent(before, role)
+            if code:  # interrupted by a signal: so is this run (the same command continues both)
+                return code
+    if plan.teacher is not None and (todo or _status(plan.teacher.run_dir) == "completed"):
+        plan = with_teacher_identity(plan)
     return execute_one(plan, parent_s=time.perf_counter() - t0 if ran_parent else 0.0)
 
 
-def run_parent(parent: Plan, poll_s: float = 2.0) -> int:
-    """Run a parent unless it is complete. Jobs of a parallel sweep (joblib) that share it wait for the one
-    that holds its lock instead of failing; a killed holder releases the lock by itself. Returns 0, or the
-    exit code of a parent interrupted by a signal (harness.halt); a failed parent raises."""
+def with_teacher_identity(plan: Plan) -> Plan:
+    """The plan with its planned teacher's final policy in identity.teacher (digest, eval), read now that the
+    teacher has run: what the manifest, every checkpoint and a resume check then compare. The teacher's plan
+    identity must still be the one planned (its semantic hash): a run dir of another teacher is refused."""
+    from harness.policy import final_policy_identity
+
+    now = final_policy_identity(plan.teacher.run_dir)
+    planned = plan.identity["teacher"]
+    if now["weights_sha256"] is None or now["semantic_sha256"] != planned["semantic_sha256"]:
+        raise RuntimeError(f"the teacher run {plan.teacher.run_dir} is not the completed run this plan planned "
+                           f"(semantic {now['semantic_sha256']}, planned {planned['semantic_sha256']})")
+    return dataclasses.replace(plan, identity={**plan.identity, "teacher": {**planned, **now}})
+
+
+def run_parent(parent: Plan, role: str = "the SFT warm start", poll_s: float = 2.0) -> int:
+    """Run a plan this one needs first (`role`: the SFT warm start, the teacher) unless it is complete. Jobs of a
+    parallel sweep (joblib) that share it wait for the one that holds its lock instead of failing; a killed
+    holder releases the lock by itself. Returns 0, or the exit code of a run interrupted by a signal
+    (harness.halt); a failed one raises."""
     if dist.is_multi():  # every rank takes part (rank 0 claims); a complete parent returns at once
-        return _check(parent, execute(parent))
+        return _check(parent, execute(parent), role)
     waiting = False
     while _status(parent.run_dir) != "completed":
         try:
             if not waiting:
-                log.info("init=sft: running the SFT warm start first (%s)", parent.run_name)
+                log.info("running %s first (%s)", role, parent.run_name)
             code = execute(parent)
         except RunDirLocked:
             if not waiting:
-                log.info("init=sft: the SFT warm start %s is running in another process; waiting for it",
-                         parent.run_name)
+                log.info("%s %s is running in another process; waiting for it", role, parent.run_name)
                 waiting = True
             time.sleep(poll_s)
             continue
-        if _check(parent, code):
+        if _check(parent, code, role):
             return code
     return 0
 
 
-def _check(parent: Plan, code: int) -> int:
+def _check(parent: Plan, code: int, role: str = "the SFT warm start") -> int:
     if interrupted(code):  # with a checkpoint, not failed
         return code
     if code:
-        raise RuntimeError(f"the SFT warm start {parent.run_dir} failed (exit {code})")
+        raise RuntimeError(f"{role} {parent.run_dir} failed (exit {code})")
     return 0
 
 
@@ -253,6 +278,11 @@ def _announce(plan: Plan, run: RunDir) -> None:
     log.info("run dir: %s (%s%s)", run.path, state, ranks)
     log.info("plan: arm=%s model=%s data=%s seed=%s; budget %s", plan.config["arm"]["name"],
              plan.config["model"]["name"], plan.config["data"]["name"], plan.config["seed"], _budget_line(plan))
+    t = plan.identity.get("teacher")
+    if t:  # opd: what it distills from
+        of_run = f"run {t['run_name']} ({t['arm']}" if t.get("run_name") else f"{t['path']} ("
+        acc = f"eval accuracy {t['eval_accuracy']:.3f}, " if t.get("eval_accuracy") is not None else ""
+        log.info("teacher: %s, %sweights sha256 %s...)", of_run, acc, (t.get("weights_sha256") or "?")[:12])
 
 
 def _budget_line(plan: Plan) -> str:

@@ -6,8 +6,11 @@ The arm's kind (its registry entry: sft | rl) is resolved here once and travels 
 (`Plan.kind`): it decides the budget, the stages a run goes through and what it records. An RL
 arm with arm.init=sft carries its parent: the plan of its SFT warm start, composed once with the
 child from the same command line (`arm=sft`, `budget.max_steps=budget.sft_warm_start_steps`),
-shown by `mode=plan` and run first by the lifecycle. Ranks of a multi-process job read both
-from the driver's plan file; they never compose.
+shown by `mode=plan` and run first by the lifecycle. An arm with a planned teacher (opd's
+arm.teacher=grpo) carries it the same way: `Plan.teacher`, the plan of that arm's run of the same command
+line (same model, data, budget, seed: the very run a sweep `arm=grpo,opd` makes), run before this one; its
+final policy's digest enters this plan's identity.teacher as soon as it exists. Ranks of a multi-process job
+read all of them from the driver's plan file; they never compose.
 
 Every problem of the config is collected into one ConfigError. The plan's identity:
 
@@ -34,6 +37,7 @@ from arms import registry
 from harness import identity as ident
 from harness.config.checks import find_cached_snapshot, run_checks
 from harness.config.schema import Config, Source, SyntheticData
+from harness.config.store import TEACHER_SUFFIX, WARM_START_SUFFIX
 from harness.data.spec import synthetic_args
 from harness.errors import ConfigError, Problem
 from harness.rounds import GenerationRound
@@ -55,6 +59,7 @@ class Plan:
     warnings: list = field(default_factory=list)
     overrides: list = field(default_factory=list)  # the command line's overrides (not part of identity)
     parent: "Plan | None" = None  # the SFT warm start of an RL arm with arm.init=sft, run first
+    teacher: "Plan | None" = None  # a planned teacher (opd's arm.teacher=<arm>), run after the parent, before this
 
     @property
     def arm(self) -> str:
@@ -77,6 +82,7 @@ class Plan:
             "warnings": self.warnings,
             "overrides": self.overrides,
             "parent": self.parent.to_json() if self.parent else None,
+            "teacher": self.teacher.to_json() if self.teacher else None,
             "config": self.config,
         }
 
@@ -86,7 +92,8 @@ class Plan:
         return cls(config=d["config"], choices=d["choices"], identity=d["identity"], run_name=d["run_name"],
                    run_dir=d["run_dir"], budget=d["budget"], checkpoints=d["checkpoints"], kind=d["kind"],
                    warnings=d.get("warnings", []), overrides=d.get("overrides", []),
-                   parent=cls.from_json(d["parent"]) if d.get("parent") else None)
+                   parent=cls.from_json(d["parent"]) if d.get("parent") else None,
+                   teacher=cls.from_json(d["teacher"]) if d.get("teacher") else None)
 
 
 def build_plan(cfg: DictConfig | Config, choices: Mapping[str, Any] | None = None,
@@ -118,9 +125,13 @@ def build_plan(cfg: DictConfig | Config, choices: Mapping[str, Any] | None = Non
     kind = registry()[typed.arm.name].kind
     shared = {k: identity[k] for k in ("code", "environment")}
     parent = sft_parent(typed, overrides, shared) if overrides is not None else None
+    teacher = teacher_plan(typed, overrides, shared) if overrides is not None else None
+    if teacher is not None:
+        identity = {**identity, "teacher": planned_teacher_identity(typed.arm.teacher, teacher)}
     return Plan(
         kind=kind,
         parent=parent,
+        teacher=teacher,
         config=config,
         choices={k: v for k, v in sorted((choices or {}).items()) if not k.startswith("hydra/")},
         identity=identity,
@@ -138,18 +149,47 @@ def sft_parent(cfg: Config, overrides: list[str], process_identity: dict | None 
     seed, ...) with arm=sft, capped by budget.sft_warm_start_steps; None for every other plan."""
     if not registry()[cfg.arm.name].rl or cfg.arm.init != "sft":
         return None
+    steps = cfg.budget.sft_warm_start_steps
+    return _derived_plan(overrides, _not_for_warm_start, WARM_START_SUFFIX,
+                         ["arm=sft", f"budget.max_steps={steps}", f"train.save_steps={steps}"], process_identity,
+                         whose="the SFT warm start of this run (arm.init=sft)", arm="sft",
+                         other="or set arm.init=scratch or a policy path")
+
+
+def teacher_plan(cfg: Config, overrides: list[str], process_identity: dict | None = None) -> Plan | None:
+    """The plan of a planned teacher (opd's arm.teacher=grpo): the same command line with arm=<that arm> and
+    without the student's arm.* knobs, so it is the run a sweep over arms makes of it; None for every other plan."""
+    name = cfg.arm.teacher_arm()
+    if name is None:
+        return None
+    return _derived_plan(overrides, _not_for_teacher, TEACHER_SUFFIX, [f"arm={name}"], process_identity,
+                         whose=f"the teacher of this run (arm.teacher={name})", arm=name,
+                         other="or set arm.teacher=run:<run_name> or a policy directory")
+
+
+def planned_teacher_identity(spec: str, teacher: Plan) -> dict:
+    """identity.teacher of a plan with a planned teacher: its run's final policy (digest and eval when it has
+    completed; None until then, filled by the lifecycle once it has run) and its plan's semantic identity."""
+    from harness.policy import final_policy_identity
+
+    out = {"spec": spec, **final_policy_identity(teacher.run_dir)}
+    out.update(arm=teacher.arm, semantic_sha256=teacher.identity["semantic_sha256"])  # the plan's, whatever is on disk
+    return out
+
+
+def _derived_plan(overrides: list[str], dropped, suffix: str, extra: list[str], process_identity: dict | None, *,
+                  whose: str, arm: str, other: str) -> Plan:
+    """The plan of the child's command line without the keys `dropped(key)` names, plus `extra`."""
     from harness.config.compose import compose
 
-    keep = [_for_warm_start(o) for o in overrides if not _not_for_warm_start(o.lstrip("+~").split("=", 1)[0])]
-    steps = cfg.budget.sft_warm_start_steps
-    argv = [*keep, "arm=sft", f"budget.max_steps={steps}", f"train.save_steps={steps}"]
+    keep = [_derived_experiment(o, dropped, suffix) for o in overrides if not dropped(o.lstrip("+~").split("=", 1)[0])]
+    argv = [*keep, *extra]
     try:
         return build_plan(*compose(argv), argv, process_identity=process_identity)
     except ConfigError as exc:  # say whose problem it is: the command line is the child's
-        where = lambda p: (" in conf/arm/sft.yaml (the warm start's arm.* come from there, not from this command "  # noqa: E731
+        where = lambda p: (f" in conf/arm/{arm}.yaml (its arm.* come from there, not from this command "  # noqa: E731
                            "line)") if p.field.startswith("arm.") else ""
-        raise ConfigError([Problem(p.field, p.value, f"in the SFT warm start of this run (arm.init=sft): {p.why}",
-                                   f"{p.fix}{where(p)}; or set arm.init=scratch or a policy path")
+        raise ConfigError([Problem(p.field, p.value, f"in {whose}: {p.why}", f"{p.fix}{where(p)}; {other}")
                            for p in exc.problems]) from None
 
 
@@ -163,14 +203,22 @@ def _not_for_warm_start(key: str) -> bool:
             or key.startswith(("arm.", "rollout.")))  # by key: `model=...` is kept (it starts with "mode")
 
 
-def _for_warm_start(override: str) -> str:
-    """experiment=<name> -> its warm-start variant (harness.config.store.warm_start_experiment); others as they are."""
+def _not_for_teacher(key: str) -> bool:
+    """Whether a planned teacher leaves out this key of its student's command line (or experiment preset): the
+    student's arm and knobs, and what acts on this run only (pausing it, pushing it). The budget, step caps,
+    rollout, model, data, seed and train.* stay: the teacher is the run `arm=<teacher>` makes of the same line."""
+    return (key in ("arm", "mode", "run_mode", "budget.stop_after_steps", "train.push_to_hub", "train.hub_model_id")
+            or key.startswith("arm."))
+
+
+def _derived_experiment(override: str, dropped, suffix: str) -> str:
+    """experiment=<name> -> its variant without the dropped keys (harness.config.store.warm_start_experiment)."""
     key, sep, value = override.partition("=")
     if key.lstrip("+") != "experiment" or not sep:
         return override
     from harness.config.store import warm_start_experiment
 
-    option = warm_start_experiment(value, _not_for_warm_start)
+    option = warm_start_experiment(value, dropped, suffix)
     return f"{key}={option}" if option else override
 
 

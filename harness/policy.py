@@ -75,6 +75,26 @@ def weights_digest_of_files(path: str | Path) -> str | None:
     return sha256_text(canonical_json(weights)) if weights else None
 
 
+def final_policy_identity(run_dir: str | Path) -> dict:
+    """What a plan records of another run's final policy (opd's teacher): its directory, the digest of its weight
+    files, that run's arm and semantic identity, and its final eval. Torch-free. A run that has not completed
+    has no final policy yet: then weights_sha256 and the eval are None (filled once it has run)."""
+    import json
+
+    run = Path(run_dir)
+    path = (run / "final_policy").resolve()
+    done = (run / "completion.json").is_file()
+    out = {"path": str(path), "weights_sha256": weights_digest_of_files(path) if done else None,
+           "run_name": run.name, "arm": None, "semantic_sha256": None, "eval_accuracy": None, "eval_split": None}
+    if (run / "run_manifest.json").is_file():
+        plan = json.loads((run / "run_manifest.json").read_text())["plan"]
+        out.update(arm=plan["config"]["arm"]["name"], semantic_sha256=plan["identity"]["semantic_sha256"])
+    if done:
+        after = json.loads((run / "completion.json").read_text()).get("eval_after") or {}
+        out.update(eval_accuracy=after.get("accuracy"), eval_split=after.get("split"))
+    return out
+
+
 def eos_token_ids(processor) -> list[int]:
     """The ids that end a completion: Qwen's <|im_end|> when the vocabulary has it, else the EOS token."""
     tok = getattr(processor, "tokenizer", processor)

@@ -9,7 +9,6 @@ num_iterations = 1 from the properties below.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -23,7 +22,7 @@ RUN_PREFIX = "run:"
 @dataclass
 class OpdArm(ArmConfig):
     init: str = f("sft", "student to start from: sft (the SFT run of the same model, data, seed), scratch, or a path")
-    teacher: Optional[str] = f(None, "the teacher: a saved policy directory, or run:<run_name> (that run's final_policy under the same output_root); required")
+    teacher: Optional[str] = f("grpo", "the teacher: an arm (grpo, sft, papo, evi_po: that arm's run of the same model, data, budget and seed, planned and run first), run:<run_name> (that run's final_policy under the same output_root), or a saved policy directory")
     prompts_per_step: int = f(32, "prompts per optimizer step (all ranks), one sampled completion each, whatever the accumulation", ge=1)
     max_completion_length: int = f(16, "sampled tokens per completion at most", ge=1)
     temperature: float = f(0.7, "sampling temperature of the student's completions (not the divergence's: loss_temperature)", gt=0.0)
@@ -37,13 +36,27 @@ class OpdArm(ArmConfig):
     steps_per_generation = 1
     num_iterations = 1
 
+    def teacher_arm(self) -> str | None:
+        """The arm whose run of the same command line is this run's teacher (harness.plan plans it), or None."""
+        from arms import registry
+
+        return self.teacher if self.teacher in registry() and self.teacher != self.name else None
+
     def check(self, cfg, out) -> None:
+        from arms import registry
+
         check_init(self, out)
         check_round(self, cfg, out)
         if self.teacher is None:
             out.error("arm.teacher", None, "arm=opd distills from a teacher and none is set",
-                      "set arm.teacher=run:<run_name> (a finished run under this output_root, e.g. a grpo run of "
-                      "the default job) or arm.teacher=<a policy directory>")
+                      "set arm.teacher=grpo (the grpo run of this command line, run first), run:<run_name> (a "
+                      "finished run under this output_root) or a policy directory")
+        elif self.teacher == self.name:
+            out.error("arm.teacher", self.teacher, "an opd run cannot be planned as its own teacher",
+                      f"use another arm ({', '.join(a for a in registry() if a != self.name)}), run:<run_name> or a "
+                      "policy directory")
+        elif self.teacher_arm() is not None:
+            pass  # harness.plan plans it (its own config is checked there)
         elif teacher_dir(self.teacher, cfg.output_root) is None:
             out.error("arm.teacher", self.teacher, teacher_problem(self.teacher, cfg.output_root),
                       "use run:<run_name> of a completed run (ls <output_root>/runs), or a directory with "
@@ -54,6 +67,8 @@ class OpdArm(ArmConfig):
                       "use rollout=hf")
 
     def extra_identity(self, cfg) -> dict:
+        if self.teacher_arm() is not None:  # recorded from the teacher's plan (harness.plan.teacher_plan)
+            return {}
         return {"teacher": teacher_identity(self.teacher, cfg.output_root)}
 
 
@@ -78,22 +93,19 @@ def teacher_problem(teacher: str, output_root: str) -> str:
         if not run.is_dir():
             return f"names no run: {run} does not exist"
         return f"names a run that has not completed ({run / 'completion.json'} is missing): run it first"
-    return "is neither run:<run_name> nor a policy directory (config.json or adapter_config.json in it)"
+    from arms import registry
+
+    return (f"is neither an arm ({', '.join(registry())}), nor run:<run_name>, nor a policy directory (config.json or "
+            "adapter_config.json in it)")
 
 
 def teacher_identity(teacher: str, output_root: str) -> dict:
-    """What the plan records of the teacher (semantic: a changed teacher refuses a resume): its directory, the
-    digest of its weight files, and for run:<name> that run's semantic identity and final eval."""
-    from harness.policy import weights_digest_of_files
+    """What the plan records of a teacher given as run:<name> or a directory (semantic: a changed teacher refuses
+    a resume): its directory, the digest of its weight files, and for run:<name> that run's semantic identity
+    and final eval. A planned teacher (arm.teacher=<arm>) is recorded by harness.plan from its plan."""
+    from harness.policy import final_policy_identity, weights_digest_of_files
 
     path = teacher_dir(teacher, output_root)
-    out = {"spec": teacher, "path": str(path), "weights_sha256": weights_digest_of_files(path)}
     if teacher.startswith(RUN_PREFIX):
-        run = path.parent
-        manifest = json.loads((run / "run_manifest.json").read_text())
-        completion = json.loads((run / "completion.json").read_text())
-        after = completion.get("eval_after") or {}
-        out.update(run_name=run.name, arm=manifest["plan"]["config"]["arm"]["name"],
-                   semantic_sha256=manifest["plan"]["identity"]["semantic_sha256"],
-                   eval_accuracy=after.get("accuracy"), eval_split=after.get("split"))
-    return out
+        return {"spec": teacher, **final_policy_identity(path.parent)}
+    return {"spec": teacher, "path": str(path), "weights_sha256": weights_digest_of_files(path)}

@@ -11,6 +11,11 @@ generation step is the first optimizer step of the generation round (harness.rou
 once per round, whatever the gradient accumulation), the prompt slot the prompt's position among the
 round's prompts over all ranks, so ids are unique across ranks, rounds and steps. A second call within
 one round means the TRL mapping no longer matches harness.rounds: it is refused, not renumbered.
+
+An arm whose trace rows carry what only its loss knows (opd: the per-completion divergence to the teacher) holds
+them (`hold_trace()`): the ledger rows are written at once (the budget counts them), the trace rows wait until
+`complete(index, fields)` has filled every one of the call's completions, then go out in sampling order, within
+the optimizer step (before any checkpoint binds the trace's frontier).
 """
 
 from __future__ import annotations
@@ -31,6 +36,31 @@ class HarnessReward:
         self.tag = provenance["semantic_sha256"][:8]
         self.__name__ = "harness"  # TRL names reward columns after it (rewards/harness/mean)
         self._last_step = None  # the generation step of the previous call
+        self._held: list[dict] | None = None  # hold_trace(): this round's trace rows, until complete() fills them
+        self._missing: set[int] = set()
+
+    def hold_trace(self) -> None:
+        """From now on, each call's trace rows wait for complete() (see the module docstring)."""
+        self._held = []
+
+    @property
+    def pending(self) -> int:
+        """Trace rows of the last call still waiting for complete()."""
+        return len(self._missing)
+
+    def complete(self, index: int, fields: dict) -> None:
+        """Add `fields` to the trace row of the last call's completion `index` (its position in that call);
+        once every row has them, write the rows in order."""
+        if self._held is None or index not in self._missing:
+            raise RuntimeError(f"complete({index}): no held trace row waits for it (held {len(self._held or [])}, "
+                               f"missing {sorted(self._missing)[:8]}): each completion is completed once")
+        self._held[index].update(fields)
+        self._missing.discard(index)
+        self.ctx.trace_pending = len(self._missing)
+        if not self._missing:
+            for r in self._held:
+                self.ctx.trace.append(r)
+            self.ctx.trace.flush()
 
     def __call__(self, prompts, completions, completion_ids, trainer_state=None, row=None, **_):
         ctx = self.ctx
@@ -41,8 +71,11 @@ class HarnessReward:
                                f"{self._last_step}); the generation round (harness.rounds) samples "
                                f"{rnd.local_completions} per rank once every {rnd.cycle} optimizer step(s): the TRL "
                                "mapping no longer matches TRL; run tests/unit/test_trl_contract.py")
+        if self._missing:
+            raise RuntimeError(f"{len(self._missing)} trace rows of step {self._last_step} were never completed "
+                               f"before TRL sampled again at step {step}: the loss did not see every completion")
         self._last_step = step
-        rewards = []
+        rewards, held = [], []
         for j in range(n):
             ids = completion_ids[j]
             record = json.loads(row[j])
@@ -55,7 +88,7 @@ class HarnessReward:
                                  "rewards must be finite; check reward.*")
             ctx.ledger.append({"completion_id": cid, "tokens": len(ids), "terminated": not truncated, "step": step,
                                "view": record["key"]})
-            ctx.trace.append({
+            (held.append if self._held is not None else ctx.trace.append)({
                 "completion_id": cid, "reward": tr.total, "components": tr.components, "parsed": tr.parsed,
                 "prediction": tr.prediction, "gold": tr.gold, "parser_error": tr.parser_error,
                 "relation": tr.relation, "truncated": truncated, "correct": tr.correct, "view": record["key"],
@@ -65,7 +98,11 @@ class HarnessReward:
             ctx.completions += 1
             rewards.append(tr.total)
         ctx.ledger.flush()
-        ctx.trace.flush()
+        if self._held is not None:
+            self._held, self._missing = held, set(range(n))
+            ctx.trace_pending = n
+        else:
+            ctx.trace.flush()
         return rewards
 
 

@@ -111,6 +111,11 @@ class ArmConfig:
         out.warn(text) (harness.config.checks.Findings). Subclasses extend it (super().check first)."""
         return None
 
+    def teacher_arm(self) -> str | None:
+        """An arm whose run of the same command line this run needs first (opd's arm.teacher=grpo): harness.plan
+        plans it as the plan's `teacher`; None for arms without one."""
+        return None
+
     def extra_identity(self, cfg) -> dict:
         """Parts of the plan's identity beyond config, data and model (after check passed), e.g. opd's teacher:
         {part: {field: value}}; a field ending in sha256 that changes refuses a resume (harness.rundir)."""

@@ -24,7 +24,7 @@ from typing import Any, Iterable, Optional
 
 from harness.config import schema
 from harness.config.paths import CONF_DIR, SWEEPS_DIR
-from harness.config.store import WARM_START_SUFFIX
+from harness.config.store import is_derived_option
 from harness.errors import ConfigError, Problem
 
 HELP = "python -m harness --help lists every key"
@@ -88,7 +88,7 @@ def groups() -> dict[str, tuple[str, ...]]:
                 if not is_hydra_key(group):
                     found.setdefault(group, set()).update(  # not the warm-start variants the plan stores
                         n[:-5] for n, v in value.items()
-                        if not isinstance(v, dict) and n.endswith(".yaml") and WARM_START_SUFFIX not in n)
+                        if not isinstance(v, dict) and n.endswith(".yaml") and not is_derived_option(n))
                 walk(value, group + "/")
 
     walk(ConfigStore.instance().repo, "")
@@ -442,7 +442,7 @@ def _explain(exc: BaseException, overrides: list[str]) -> ConfigError:
     found: Optional[Problem] = None
     if isinstance(exc, MissingConfigException) and exc.missing_cfg_file and "/" in exc.missing_cfg_file:
         group, option = exc.missing_cfg_file.rsplit("/", 1)
-        options = [o for o in exc.options or groups().get(group, ()) if WARM_START_SUFFIX not in o]
+        options = [o for o in exc.options or groups().get(group, ()) if not is_derived_option(o)]
         found = _option_problem(group, option, options)
     elif isinstance(cause, (ConfigKeyError, ConfigAttributeError)) and getattr(cause, "full_key", None):
         full = str(cause.full_key)

@@ -34,9 +34,15 @@ def register_sweeps(cs) -> None:
 
 
 WARM_START_SUFFIX = "__sft_warm_start"
+TEACHER_SUFFIX = "__teacher"
+DERIVED_SUFFIXES = (WARM_START_SUFFIX, TEACHER_SUFFIX)  # stored variants, not options a user names
 
 
-def warm_start_experiment(name: str, dropped) -> str | None:
+def is_derived_option(option: str) -> bool:
+    return any(s in option for s in DERIVED_SUFFIXES)
+
+
+def warm_start_experiment(name: str, dropped, suffix: str = WARM_START_SUFFIX) -> str | None:
     """The option of the config group `experiment` that an RL run's SFT warm start composes with, for the child's
     `experiment=<name>`: conf/experiment/<name>.yaml without what the warm start does not take from the child's
     command line either (`dropped(key)` says which: the arm and its knobs, the rollout, the step caps, ...),
@@ -70,6 +76,6 @@ def warm_start_experiment(name: str, dropped) -> str | None:
     pruned = prune(node, "")
     if defaults:
         pruned = {"defaults": defaults, **pruned}
-    option = name + WARM_START_SUFFIX
+    option = name + suffix  # the SFT warm start's, or (TEACHER_SUFFIX) a planned teacher's: opd's arm.teacher=grpo
     ConfigStore.instance().store(group="experiment", name=option, node=OmegaConf.create(pruned), package="_global_")
     return option

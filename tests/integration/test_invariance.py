@@ -96,6 +96,11 @@ def sampled(run_dir: Path) -> list[tuple]:
     return list(zip(ledger, trace))
 
 
+def kl_of(run_dir: Path) -> dict[str, float]:
+    """opd: each completion's divergence, by completion id without the run's hash tag."""
+    return {r["completion_id"].split(":", 1)[1]: r["kl"] for r in read_rows(run_dir / "traces/rank-0.jsonl")}
+
+
 def metrics(run_dir: Path) -> dict[int, dict]:
     return {r["step"]: r for r in read_rows(run_dir / "metrics.jsonl")}
 
@@ -148,6 +153,8 @@ def test_gradient_accumulation_changes_neither_samples_nor_update_of_opd(out):
     assert m_ref["grad_norm"] > 0 and m_ref["loss"] > 0
     for ga in (2, 4):
         assert sampled(runs[ga]) == sampled(ref), f"accumulation {ga} sampled other completions"
+        # each completion's divergence (the trace's kl, matched by completion id through TRL's shuffle and split)
+        assert kl_of(runs[ga]) == pytest.approx(kl_of(ref), rel=1e-5, abs=1e-7), f"accumulation {ga}: per-completion kl"
         m = metrics(runs[ga])[1]
         for key in ("loss", "grad_norm"):
             assert m[key] == pytest.approx(m_ref[key], rel=1e-5, abs=1e-7), (ga, key, m[key], m_ref[key])

@@ -41,6 +41,9 @@ def test_a_student_distills_under_the_budget_with_the_rl_accounting(teacher):
     trace = list(read_rows(run / "traces" / "rank-0.jsonl"))
     assert sum(r["tokens"] for r in ledger) == comp["realized_completion_tokens"]
     assert [r["completion_id"] for r in ledger] == [r["completion_id"] for r in trace]
+    # each trace row carries the divergence the loss trained on, over exactly the completion's sampled tokens
+    assert all(r["kl_tokens"] == l["tokens"] and r["kl"] >= 0 and r["kl_sum"] == pytest.approx(r["kl"] * r["kl_tokens"])
+               for r, l in zip(trace, ledger))
     assert len(ledger) == 32 * comp["optimizer_steps"]  # one completion per prompt, 32 prompts a step
     assert {r["step"] for r in ledger} == set(range(comp["optimizer_steps"]))
     # the teacher is the SFT run's final policy, recorded with its digest and its run's identity
@@ -55,6 +58,11 @@ def test_a_student_distills_under_the_budget_with_the_rl_accounting(teacher):
     rows = list(read_rows(run / "metrics.jsonl"))
     assert [r["step"] for r in rows] == list(range(1, comp["optimizer_steps"] + 1))
     assert all(r["loss"] > 0 and "reward" in r for r in rows)  # the divergence, and the samples' recorded reward
+    # the logged loss of a step is its completions' token-weighted divergence (one micro-batch per step here)
+    for r in rows:
+        step_rows = [t for t in trace if t["step"] == r["step"] - 1]
+        assert r["loss"] == pytest.approx(sum(t["kl_sum"] for t in step_rows) / sum(t["kl_tokens"] for t in step_rows),
+                                          rel=1e-3), r["step"]
     assert comp["eval_before"]["n"] == comp["eval_after"]["n"] == 64
     assert verify(run) == []
 
@@ -89,3 +97,43 @@ def test_smoke_passes_for_opd(teacher):
     proc = run_harness("arm=opd", *TINY, f"arm.teacher=run:{sft}", "run_mode=smoke", f"output_root={out}", timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "smoke: passed" in proc.stderr
+
+
+def test_a_teacher_named_by_its_arm_is_run_first_and_is_the_run_a_sweep_over_arms_shares(tmp_path):
+    """arm=opd (the default arm.teacher=grpo) from an empty output_root: the SFT warm start, then the grpo run of the
+    same command line, then the student, whose identity (manifest, every checkpoint) names that run's final policy
+    by digest. A sweep `-m arm=grpo,opd` afterwards finds both complete: the same grpo run, no second one."""
+    from harness.accounting.checkpoint import CHECKPOINT_MANIFEST
+    from harness.policy import weights_digest
+
+    out = tmp_path / "out"
+    proc = run_harness("arm=opd", "debug=tiny", f"output_root={out}", timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs = sorted(p.name.split("-")[0] for p in (out / "runs").iterdir())
+    assert runs == ["grpo", "opd", "sft"], runs
+    grpo = next((out / "runs").glob("grpo-*"))
+    student = next((out / "runs").glob("opd-*"))
+    assert f"running the teacher first ({grpo.name})" in proc.stderr
+    assert f"teacher: run {grpo.name} (grpo, eval accuracy" in proc.stderr
+    manifest = json.loads((student / "run_manifest.json").read_text())
+    t = manifest["identity"]["teacher"]
+    assert (t["spec"], t["arm"], t["run_name"]) == ("grpo", "grpo", grpo.name)
+    assert t["weights_sha256"] == weights_digest(grpo / "final_policy")
+    assert t["eval_accuracy"] == json.loads((grpo / "completion.json").read_text())["eval_after"]["accuracy"]
+    ckpts = sorted((student / "checkpoints").glob(f"checkpoint-*/{CHECKPOINT_MANIFEST}"))
+    assert ckpts and all(json.loads(c.read_text())["identity"]["teacher"] == t for c in ckpts)
+    assert manifest["parent"]["run_name"] == json.loads((grpo / "run_manifest.json").read_text())["parent"]["run_name"]
+    assert verify(student) == []
+
+    sweep = run_harness("-m", "arm=grpo,opd", "debug=tiny", f"output_root={out}", timeout=900)
+    assert sweep.returncode == 0, sweep.stderr[-3000:]
+    assert sweep.stderr.count("is already complete; nothing to do") == 2
+    assert sorted(p.name for p in (out / "runs").iterdir()) == sorted([grpo.name, student.name,
+                                                                        manifest["parent"]["run_name"]])
+    (folder,) = (out / "sweeps").iterdir()
+    rep = run_harness(str(folder), module="harness.report", timeout=300)
+    assert rep.returncode == 0, rep.stderr[-3000:]
+    text = (folder / "report" / "report.md").read_text()
+    assert f"teacher `{grpo.name}` (grpo, accuracy" in text
+    report = json.loads((folder / "report" / "report.json").read_text())
+    assert set(report["groups"][0]["plots"]["accuracy_vs_tokens"]["teacher_accuracy"]) == {"opd"}

@@ -346,7 +346,7 @@ def test_eval_before_is_recomputed_when_the_warm_start_was_evaluated_otherwise(t
     shutil.rmtree(_run_dir(tmp_path, "grpo"))
     proc = run_harness("debug=tiny", "budget.max_steps=2", f"output_root={tmp_path}", timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "init=sft: running the SFT warm start first" not in proc.stderr  # complete since the first run
+    assert "running the SFT warm start first" not in proc.stderr  # complete since the first run
     assert "the SFT warm start's eval differs in decoding; evaluating" in proc.stderr
     before = json.loads((_run_dir(tmp_path, "grpo") / "eval" / "test-before.json").read_text())
     assert "reused_from" not in before and before["decoding"]["batch_size"] == 64

@@ -25,7 +25,7 @@ def _refused_here() -> dict:
     from harness.config.checks import cuda_visible, find_cached_snapshot
 
     gpu, has = cuda_visible(), (lambda m: importlib.util.find_spec(m) is not None)
-    out = {("arm", "opd"): "arm.teacher"}  # opd distills from a teacher: none is set by default (tests/unit/test_opd.py)
+    out = {}
     qwen = OmegaConf.load(CONF / "model" / "qwen.yaml")
     if not qwen.get("path") and find_cached_snapshot(qwen.get("hub_id")) is None:
         out[("model", "qwen")] = "model.hub_id"  # no real checkpoint in the local HF cache
@@ -74,6 +74,8 @@ def test_every_option_composes_and_plans(plan_of, tmp_path, group, option):
     assert plan.choices[group] == option
     if group not in ("debug", "budget", "experiment"):
         assert plan.config[group]["name"] == option
+    if (group, option) == ("arm", "opd"):  # its default teacher (arm.teacher=grpo) is planned with it
+        assert plan.teacher is not None and plan.teacher.config["arm"]["name"] == "grpo"
 
 
 def test_arm_registry_conf_and_schemas_share_names():

@@ -40,12 +40,20 @@ class RecordingReward:
     __name__ = "recording"
 
     def __init__(self):
-        self.calls = []
+        self.calls, self.completed, self.held = [], {}, False
 
     def __call__(self, prompts, completions, completion_ids, trainer_state=None, row=None, **_):
         self.calls.append({"completions": completions, "completion_ids": completion_ids, "row": row,
                            "step": trainer_state.global_step})
+        self.completed = {}
         return [0.0] * len(completions)
+
+    def hold_trace(self):
+        self.held = True
+
+    def complete(self, index, fields):
+        assert index not in self.completed, f"completion {index} completed twice"
+        self.completed[index] = fields
 
 
 def build(env, *overrides: str):
@@ -85,14 +93,19 @@ def completion_logprobs(model, batch, temperature: float):
     return F.log_softmax(logits[:, -t - 1:-1, :].float() / temperature, dim=-1)
 
 
-def hand_divergence(trainer, model, batch, *, beta: float, temperature: float) -> float:
-    """The mean over completion tokens of KL(student || teacher) (beta=1) or KL(teacher || student) (beta=0)."""
+def hand_per_token(trainer, model, batch, *, beta: float, temperature: float) -> torch.Tensor:
+    """(B, T): KL(student || teacher) (beta=1) or KL(teacher || student) (beta=0) at each completion position."""
     s = completion_logprobs(model, batch, temperature)
     t = completion_logprobs(trainer.teacher_model, batch, temperature)
     reverse = (s.exp() * (s - t)).sum(-1)
     forward = (t.exp() * (t - s)).sum(-1)
-    per_token = reverse if beta == 1.0 else forward
+    return reverse if beta == 1.0 else forward
+
+
+def hand_divergence(trainer, model, batch, *, beta: float, temperature: float) -> float:
+    """The mean over completion tokens of the per-token divergence."""
     mask = batch["completion_mask"].float()
+    per_token = hand_per_token(trainer, model, batch, beta=beta, temperature=temperature)
     return float((per_token * mask).sum() / mask.sum())
 
 
@@ -110,6 +123,33 @@ def test_the_loss_is_the_per_token_divergence_at_the_loss_temperature(env, beta,
     assert loss == pytest.approx(want, rel=1e-4)
     wrong = hand_divergence(trainer, model, batch, beta=beta, temperature=0.7)
     assert abs(wrong - want) > 1e-3 * want  # the check can tell the temperatures apart
+
+
+@pytest.mark.parametrize("beta", [1.0, 0.0])
+def test_each_completion_gets_the_divergence_the_loss_trained_on(env, beta):
+    """The trace's per-completion `kl` is the completion's own mean per-token divergence (by hand, row by row),
+    `kl_sum` its sum over the completion's tokens, and the loss is their token-weighted mean. The batch is
+    shuffled first, as TRL's _prepare_inputs does: the rows are matched by harness_index, not by position."""
+    from trl.trainer.utils import shuffle_sequence_dict, split_pixel_values_by_grid, unsplit_pixel_values_by_grid
+
+    trainer, model, reward = build(env, f"arm.beta={beta}", "arm.loss_temperature=1.0")
+    assert reward.held  # the trace rows wait for the divergence
+    _, batch = generation_batch(trainer)
+    torch.manual_seed(3)
+    shuffled = unsplit_pixel_values_by_grid(shuffle_sequence_dict(split_pixel_values_by_grid(batch)))
+    assert shuffled["harness_index"].tolist() != list(range(4))  # the check can tell a mapping by position
+    loss = float(trainer.compute_loss(model, shuffled))
+    assert sorted(reward.completed) == [0, 1, 2, 3]
+    per_token = hand_per_token(trainer, model, batch, beta=beta, temperature=1.0)
+    mask = batch["completion_mask"]
+    for i in range(4):
+        got, n = reward.completed[i], int(mask[i].sum())
+        want = float((per_token[i] * mask[i]).sum())
+        assert got["kl_tokens"] == n and got["kl_sum"] == pytest.approx(want, rel=1e-4, abs=1e-7), (i, got, want)
+        assert got["kl"] == pytest.approx(want / n, rel=1e-4, abs=1e-7)
+    assert len({round(reward.completed[i]["kl"], 6) for i in range(4)}) > 1  # the rows differ: a real check
+    weighted = sum(r["kl_sum"] for r in reward.completed.values()) / sum(r["kl_tokens"] for r in reward.completed.values())
+    assert loss == pytest.approx(weighted, rel=1e-4)
 
 
 def test_the_teacher_sees_the_students_images_and_token_positions(env):
@@ -168,7 +208,17 @@ def test_distillation_trainer_contract():
     # the sampling temperature is baked into the GenerationConfig at __init__; the loss reads self.temperature
     init = inspect.getsource(DistillationTrainer.__init__)
     assert '"temperature": self.temperature' in init and "GenerationConfig(**generation_kwargs" in init
-    assert "temperature=self.temperature" in inspect.getsource(DistillationTrainer._compute_loss)
+    compute = inspect.getsource(DistillationTrainer._compute_loss)
+    assert "temperature=self.temperature" in compute
+    assert list(inspect.signature(DistillationTrainer._compute_loss).parameters) == [
+        "self", "unwrapped_student", "inputs", "num_items_in_batch"]
+    # the per-completion divergence (arms.opd _compute_loss): TRL's loss is the sum of the per-token divergence
+    # of one call of this module's ChunkedDivergenceFunction.apply
+    import trl.trainer.distillation_trainer as distillation
+
+    loss_src = inspect.getsource(distillation._chunked_divergence_loss)
+    assert loss_src.count("ChunkedDivergenceFunction.apply(") == 1 and "loss = per_token_divergence.sum()" in loss_src
+    assert "_chunked_divergence_loss(" in compute
     sampler = inspect.getsource(DistillationTrainer._get_train_sampler)
     assert "mini_repeat_count=1" in sampler  # n = 1: one completion per prompt
 
@@ -180,11 +230,50 @@ def test_opd_without_a_teacher_or_with_a_missing_run_is_refused_at_plan_time(pla
     from harness.errors import HarnessError
 
     with pytest.raises(HarnessError) as e:
-        plan_of("arm=opd")
+        plan_of("arm=opd", "arm.teacher=null")
     assert "arm.teacher" in str(e.value) and "run:<run_name>" in str(e.value)
     with pytest.raises(HarnessError) as e:
         plan_of("arm=opd", "arm.teacher=run:grpo-nothing-here")
     assert "names no run" in str(e.value)
+    with pytest.raises(HarnessError) as e:
+        plan_of("arm=opd", "arm.teacher=opd")
+    assert "its own teacher" in str(e.value)
+    with pytest.raises(HarnessError) as e:
+        plan_of("arm=opd", "arm.teacher=gpro")
+    assert "is neither an arm (" in str(e.value) and "grpo" in str(e.value)
+
+
+@pytest.mark.parametrize("arm", ["grpo", "sft"])
+def test_a_teacher_named_by_its_arm_is_planned_as_the_run_a_sweep_over_arms_makes(plan_of, arm):
+    """arm.teacher=<arm> plans that arm's run of the same command line: the student's arm.* knobs are not its, the
+    budget, seed, model and data are; so `-m arm=grpo,opd` trains the grpo run once and opd distills it."""
+    common = ("debug=tiny", "seed=3", "budget.max_completion_tokens=3000", "train.eval_steps=4")
+    student = plan_of("arm=opd", f"arm.teacher={arm}", "arm.learning_rate=3e-4", "arm.beta=0.5", *common)
+    alone = plan_of(f"arm={arm}", *common)
+    assert student.teacher is not None and student.teacher.run_name == alone.run_name
+    assert student.teacher.identity["semantic_sha256"] == alone.identity["semantic_sha256"]
+    t = student.identity["teacher"]
+    assert (t["spec"], t["arm"], t["run_name"]) == (arm, arm, alone.run_name)
+    assert t["semantic_sha256"] == alone.identity["semantic_sha256"] and t["path"] == f"{alone.run_dir}/final_policy"
+    assert t["weights_sha256"] is None  # not trained yet: the lifecycle fills it once the teacher has run
+    assert (student.teacher.parent is None) == (arm == "sft")
+    if arm == "grpo":  # the teacher's warm start is the student's: one SFT run
+        assert student.teacher.parent.run_name == student.parent.run_name
+    # the plan file carries the teacher, and a changed teacher (another seed's) is another student run
+    from harness.plan import Plan
+
+    assert Plan.from_json(student.to_json()).teacher.run_name == alone.run_name
+    assert plan_of("arm=opd", f"arm.teacher={arm}", "debug=tiny", "seed=4").identity["teacher"]["run_name"] != t["run_name"]
+    # the default teacher is grpo
+    assert plan_of("arm=opd", "debug=tiny").identity["teacher"]["arm"] == "grpo"
+
+
+def test_an_experiment_preset_reaches_the_planned_teacher(plan_of):
+    """`-m experiment=comparison arm=opd`: each student's teacher is the comparison's grpo run of its seed."""
+    student = plan_of("experiment=comparison", "arm=opd", "seed=2")
+    alone = plan_of("experiment=comparison", "arm=grpo", "seed=2")
+    assert student.teacher.run_name == alone.run_name and student.teacher.arm == "grpo"
+    assert student.teacher.config["train"]["eval_steps"] == 100  # the preset's keys reached it
 
 
 def test_the_teacher_is_part_of_the_identity(env, plan_of):
