@@ -32,6 +32,12 @@ class ReportInputError(HarnessError):
     exit_code = 2
 
 
+def teacher_of(r) -> dict:
+    """What a distilled run (opd) learned from: its teacher's run (or directory), arm, digest and final eval."""
+    t = r.identity["teacher"]
+    return {k: t.get(k) for k in ("spec", "run_name", "arm", "path", "weights_sha256", "eval_accuracy", "eval_split")}
+
+
 def _no_runs(d: Path, why: str) -> ReportInputError:
     return ReportInputError(
         f"harness.report: DIR = '{d}': {why}; expected an output_root (with runs/ and sweeps/), a sweep folder "
@@ -89,7 +95,8 @@ def _group_json(g: Group, plots: dict, budget_rows: list[dict] | None = None) ->
         "conditions": [{
             "label": c.label, "arm": c.arm, "fields": jsonable_fields(c.fields), "warm_start": c.warm_start,
             "seeds": c.seeds, "budget_kind": budget_kind(c.runs[0]),
-            "runs": [{"seed": r.seed, "run": r.name, "path": str(r.path), "starts": starts(r)} for r in c.runs],
+            "runs": [{"seed": r.seed, "run": r.name, "path": str(r.path), "starts": starts(r),
+                      **({"teacher": teacher_of(r)} if r.identity.get("teacher") else {})} for r in c.runs],
             "duplicates": [{"seed": r.seed, "run": r.name, "path": str(r.path)} for r in c.duplicates],
             "metrics": {k: v for k, v in c.summary.items() if k != "stopped_by"},
             "stopped_by": c.summary["stopped_by"],

@@ -259,10 +259,14 @@ def accuracy_vs_tokens(group: Group, path: Path, split: str) -> dict:
             if curves:
                 seed_band(ax, curves, st[c.label], c.label, legend=ax is axes[0])
     init = float(np.mean(inits)) if inits else None
+    teachers = teacher_accuracies(rl, split)
     for ax, panel in zip(axes, panels):
         if init is not None and panel == "overall":
             ax.axhline(init, color="black", linestyle=":", lw=1,
                        label=f"init: eval before, mean of {len(inits)} run(s) ({init:.3f})")
+        for label, (acc, n, arms) in teachers.items() if panel == "overall" else ():
+            ax.axhline(acc, color=st[label]["color"], linestyle="--", lw=1,
+                       label=f"{label}'s teacher ({'/'.join(arms)}): final eval, mean of {n} ({acc:.3f})")
         ax.set_title(panel, fontsize=10)
         ax.set_ylim(-0.02, 1.02)
         ax.set_xlim(left=0)
@@ -278,10 +282,30 @@ def accuracy_vs_tokens(group: Group, path: Path, split: str) -> dict:
     fig.suptitle(f"Held-out accuracy vs sampled tokens: {how}\nline = mean over seeds (linear between a seed's "
                  "evals), band = min–max over seeds, dot = one eval of one seed", fontsize=10)
     _save(fig, path)
-    return {"file": path.name, "points_per_run": points, "init_accuracy": init}
+    return {"file": path.name, "points_per_run": points, "init_accuracy": init,
+            **({"teacher_accuracy": {k: v[0] for k, v in teachers.items()}} if teachers else {})}
+
+
+def teacher_accuracies(conditions: list[Condition], split: str) -> dict[str, tuple[float, int, list[str]]]:
+    """Per condition that distills (opd: identity.teacher), its teachers' final eval accuracy on `split`: (mean over
+    its runs' teachers, how many, their arms). A teacher evaluated on another split is not drawn."""
+    out = {}
+    for c in conditions:
+        ts = [r.identity.get("teacher") or {} for r in c.runs]
+        accs = [t["eval_accuracy"] for t in ts if t.get("eval_accuracy") is not None and t.get("eval_split") == split]
+        if accs:
+            out[c.label] = (float(np.mean(accs)), len(accs), sorted({t.get("arm") or "policy" for t in ts}))
+    return out
 
 
 # --- e. training diagnostics (metrics.jsonl)
+
+
+# a shared panel whose quantity one arm defines its own way (said in the panel's title when that arm is shown)
+PANEL_NOTES = {
+    ("loss", "opd"): "opd: the divergence to the teacher, nats/token",
+    ("entropy", "opd"): "opd: at its loss temperature; RL arms: at the sampling one",
+}
 
 
 def diagnostics(group: Group, path: Path) -> dict:
@@ -320,7 +344,9 @@ def diagnostics(group: Group, path: Path) -> dict:
             if curves:
                 seed_band(ax, curves, st[c.label], c.label, lw=1.3, legend=False)
                 who.setdefault(key, []).append(c.label)
-        ax.set_title(key + ("" if key in SHARED_DIAGNOSTICS else "  (arm's own)"), fontsize=9)
+        note = "; ".join(PANEL_NOTES[key, arm] for arm in sorted({c.arm for c in rl}) if (key, arm) in PANEL_NOTES)
+        ax.set_title(key + ("" if key in SHARED_DIAGNOSTICS else "  (arm's own)") + (f"\n({note})" if note else ""),
+                     fontsize=9 if not note else 8)
         ax.xaxis.set_major_formatter(FuncFormatter(_kilo))
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3)

@@ -147,7 +147,7 @@ def _group(rep: dict, g: dict) -> list[str]:
         out.append(f"- **{c['label']}**: arm `{c['arm']}`" + (f"; differs in {fields}" if fields else "")
                    + ("; SFT warm start of RL runs in this report" if c["warm_start"] else ""))
         for r in c["runs"]:
-            out.append(f"  - seed {r['seed']}: `{r['run']}`{_starts(r.get('starts') or [])}")
+            out.append(f"  - seed {r['seed']}: `{r['run']}`{_starts(r.get('starts') or [])}{_teacher(r.get('teacher'))}")
         for r in c["duplicates"]:
             out.append(f"  - seed {r['seed']} again: `{r['run']}` (a second run of this seed: listed, not averaged)")
     out += ["", f"{h} Plots", ""]
@@ -165,6 +165,14 @@ def _group(rep: dict, g: dict) -> list[str]:
         out.append("SFT conditions are not in the budget plot: they train on a loss-token budget and sample no "
                    "completion tokens (their loss tokens are in the table above).")
     return out
+
+
+def _teacher(t: dict | None) -> str:
+    """'; teacher `grpo-...` (grpo, accuracy 0.968 on test)' for a distilled run (opd)."""
+    if not t:
+        return ""
+    acc = f", accuracy {t['eval_accuracy']:.3f} on {t['eval_split']}" if t.get("eval_accuracy") is not None else ""
+    return f"; teacher `{t.get('run_name') or t.get('path')}` ({t.get('arm') or 'a policy directory'}{acc})"
 
 
 def _starts(starts: list[dict]) -> str:

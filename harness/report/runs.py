@@ -191,7 +191,7 @@ def _resolved_identity(manifest: dict, completion: dict | None) -> dict:
     sources = [(completion or {}).get("identity") or {}, manifest.get("identity") or {},
                (manifest.get("plan") or {}).get("identity") or {}]
     out: dict = {}
-    for part in ("data", "model", "code", "environment", "semantic_sha256", "config_sha256"):
+    for part in ("data", "model", "teacher", "code", "environment", "semantic_sha256", "config_sha256"):
         found = [s[part] for s in sources if s.get(part) is not None]
         filled = [f for f in found if not isinstance(f, dict) or all(v is not None for k, v in f.items()
                                                                       if k.endswith("sha256"))]

@@ -45,7 +45,7 @@ def make_run(root: Path, arm: str, seed: int, acc: float | None = None, *, befor
              abst_full: float = 0.0, wall: float = 10.0, subdir: str = "runs", stopped_by: str = "max_steps",
              max_steps: int | None = None, steps_per_generation: int = 1, sft_rows: int = 40,
              plan_budget: bool = True, model: str | dict = MODEL, periodic: dict | None = None,
-             metrics_rows: list[dict] | None = None) -> Path:
+             metrics_rows: list[dict] | None = None, teacher: dict | None = None) -> Path:
     """A minimal but faithful run dir: manifest (plan with its budget summary, identity), completion.json,
     eval/test(-before).json, and for RL arms two ranks of ledger (tokens[r] per step each) and trace rows
     (rewards[step]). RL rounds: 2 prompts x 4 generations per step, max_completion_length 16 (a step's
@@ -71,7 +71,11 @@ def make_run(root: Path, arm: str, seed: int, acc: float | None = None, *, befor
              "model": model if isinstance(model, dict) else {"kind": "tiny", "spec_sha256": "t" * 64, "files_sha256": model,
                                                               "base_path": str(root / "m")},
              "code": {"commit": "abc123" * 6 + "abcd", "dirty": False, "diff_sha256": None}}
+    if teacher is not None:  # opd: what its completion and manifest record (the plan's, before the teacher ran: None)
+        ident["teacher"] = teacher
     planned = {**ident, "data": {**ident["data"], "content_sha256": None}, "model": {**ident["model"], "files_sha256": None}}
+    if teacher is not None:
+        planned["teacher"] = {**teacher, "weights_sha256": None, "eval_accuracy": None}
     a = config["arm"]
     if rl:  # harness.plan.budget_summary
         per_step = a["prompts_per_step"] * a["num_generations"] * a["max_completion_length"]
@@ -484,6 +488,29 @@ def test_accuracy_vs_tokens_curve_and_diagnostic_panels(tmp_path):
     text = md.read_text()
     for name in ("accuracy_vs_tokens.png", "diagnostics.png"):
         assert f"({name})" in text and (root / "report" / name).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_distilled_condition_draws_its_teachers_accuracy_and_names_each_teacher(tmp_path):
+    """opd runs record their teacher (identity.teacher: run, arm, final eval): the curve gets a reference line at
+    the teachers' mean final accuracy on the report's split, and each seed's line in Conditions names its teacher."""
+    root = tmp_path / "out"
+    for s, t_acc in enumerate((0.9, 0.8)):
+        g = make_run(root, "grpo", s, t_acc, before=0.4)
+        make_run(root, "opd", s, 0.85, before=0.4, teacher={
+            "spec": "grpo", "run_name": g.name, "arm": "grpo", "path": str(g / "final_policy"),
+            "weights_sha256": "w" * 64, "semantic_sha256": "x" * 64, "eval_accuracy": t_acc, "eval_split": "test"})
+    other = make_run(root, "opd", 0, 0.5, before=0.4, knobs={"beta": 0.5}, teacher={
+        "spec": "/some/policy", "path": "/some/policy", "weights_sha256": "v" * 64, "eval_accuracy": 0.7,
+        "eval_split": "val"})  # evaluated on another split: named, not drawn
+    rep, md = build_report(root)
+    plot = rep["groups"][0]["plots"]["accuracy_vs_tokens"]
+    (label, acc), = plot["teacher_accuracy"].items()  # the condition of beta 0.5 has no teacher on `test`
+    assert label.startswith("opd") and "beta=0.5" not in label and acc == pytest.approx(0.85)
+    text = md.read_text()
+    for s, t_acc in enumerate((0.9, 0.8)):
+        g = next((root / "runs").glob(f"grpo-*-s{s}-*"))
+        assert f"teacher `{g.name}` (grpo, accuracy {t_acc:.3f} on test)" in text
+    assert "teacher `/some/policy` (a policy directory, accuracy 0.700 on val)" in text and other.name in text
 
 
 def test_without_periodic_evals_the_curve_has_its_two_ends(basic):
