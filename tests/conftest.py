@@ -103,10 +103,32 @@ def heavy_imports(importtime_stderr: str) -> list[str]:
     return sorted(found)
 
 
+def pytest_addoption(parser):
+    parser.addoption("--start-by", type=float, default=None, metavar="UNIX_TIME",
+                     help="skip, with the reason, every test not started by this time (.ci/run keeps the slow tests "
+                          "inside CI's time limit with it; ./test.sh -m slow runs them all)")
+    parser.addoption("--run-first", action="append", default=[], metavar="PATH",
+                     help="run the tests whose node id starts with PATH before the others, in the order given "
+                          "(repeatable; the rest keep their order)")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """Under --start-by, a test whose turn comes after that time is skipped before its fixtures are built."""
+    import time
+
+    start_by = item.config.getoption("--start-by")
+    if start_by is not None and time.time() > start_by:
+        pytest.skip("not started: CI's time for the slow tests had run out (--start-by); ./test.sh -m slow runs it")
+
+
 def pytest_collection_modifyitems(config, items):
-    """gpu tests need a visible CUDA device; network tests run only with HARNESS_NETWORK=1."""
+    """--run-first's order; gpu tests need a visible CUDA device; network tests run only with HARNESS_NETWORK=1."""
     from harness.config.checks import cuda_visible
 
+    first = config.getoption("--run-first")
+    if first:
+        items.sort(key=lambda item: next((i for i, p in enumerate(first) if item.nodeid.startswith(p)), len(first)))
     has_gpu = cuda_visible()
     for item in items:
         if "gpu" in item.keywords and not has_gpu:

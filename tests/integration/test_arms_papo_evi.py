@@ -21,6 +21,7 @@ from harness.accounting.logs import read_rows
 from harness.verify import verify
 from tests.conftest import REPO, logged_values, run_harness
 
+pytestmark = pytest.mark.slow  # the module fixture kills, resumes and reruns papo and evi_po: ~125 s
 ENV = {"OMP_NUM_THREADS": "1"}  # the same kernels in every run, so the resumed run can match bit for bit
 PAPO_KEYS = ("loss/kl_prcp", "loss/papo", "papo/entropy_orig", "papo/entropy_masked", "papo/kl_clip_ratio",
              "clip_ratio/high_mean")

@@ -50,6 +50,7 @@ def _check_budget_bound(runs: list[Path]) -> list[int]:
     return tokens
 
 
+@pytest.mark.slow  # ~105 s; the budget stop of each arm: tests/unit/test_budget.py, test_opd_train
 def test_two_arms_two_seeds_are_budget_bound(tmp_path):
     sweep_dir, runs, _ = _sweep(tmp_path, "arm=grpo,papo", "seed=0,1", "budget.max_completion_tokens=1536",
                                 "train.eval_after=false")

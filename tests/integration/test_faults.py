@@ -299,7 +299,7 @@ def test_damage_is_named_by_verify_and_decided_by_the_resume(base, killed, tmp_p
 
 
 # the whole resumed run for one kind that falls back and one that refuses in the default suite, every kind slow
-E2E = [pytest.param(d, marks=[] if d in (cut_the_ledger_mid_row, damage_every_checkpoint) else pytest.mark.slow,
+E2E = [pytest.param(d, marks=[] if d is damage_every_checkpoint else pytest.mark.slow,
                     id=d.__name__) for d in DAMAGE]
 
 
@@ -332,11 +332,10 @@ ENOSPC = [
     ("atomic:test.json", True),  # the final eval's artifact
     ("atomic:completion.json", True),
 ]
-FAST_ENOSPC = {"append:ledgers/rank-0.jsonl@40"}
 
 
-@pytest.mark.parametrize("point, with_parent", [
-    pytest.param(p, w, id=p, marks=[] if p in FAST_ENOSPC else pytest.mark.slow) for p, w in ENOSPC])
+@pytest.mark.slow  # ~40 s each; test_other_write_errors_name_their_fix stays in the default suite
+@pytest.mark.parametrize("point, with_parent", ENOSPC, ids=[p for p, _ in ENOSPC])
 def test_a_full_disk_fails_clearly_and_the_run_resumes_once_there_is_room(base, tmp_path, point, with_parent):
     out = base.case(tmp_path / "out", with_parent)
     full = base.run(out, fault=f"{point}:enospc")
@@ -355,7 +354,8 @@ def test_a_full_disk_fails_clearly_and_the_run_resumes_once_there_is_room(base, 
     base.assert_same(out, ("grpo",) if with_parent else ("sft", "grpo"))
 
 
-@pytest.mark.parametrize("action, words", [("erofs", "make that directory writable"), ("eio", "check that disk")])
+@pytest.mark.parametrize("action, words", [("erofs", "make that directory writable"),
+                                           pytest.param("eio", "check that disk", marks=pytest.mark.slow)])
 def test_other_write_errors_name_their_fix(base, tmp_path, action, words):
     out = base.case(tmp_path / "out")
     proc = base.run(out, fault=f"atomic:run_manifest.json@2:{action}")

@@ -18,6 +18,7 @@ from harness.accounting.logs import read_rows
 from harness.verify import verify
 from tests.conftest import logged_values, run_harness, signal_harness
 
+pytestmark = pytest.mark.slow  # the module fixture pauses, interrupts and continues runs: ~140 s
 ENV = {"OMP_NUM_THREADS": "1"}  # the same kernels in every run, so the continued run can match bit for bit
 ARGS = ["debug=tiny"]  # grpo from a 60-step warm start, ~8 steps, a checkpoint every 2
 
@@ -120,7 +121,6 @@ def test_the_continued_run_equals_the_run_that_never_stopped(runs, stopped):
     assert audit["status"] == "passed"
 
 
-@pytest.mark.slow  # the default suite stays near 15 min; SIGTERM in training: the module fixture
 def test_sigterm_during_the_sft_warm_start_interrupts_it_and_the_same_command_finishes_both(tmp_path):
     out = tmp_path / "out"
     code, err = signal_harness(*ARGS, f"output_root={out}", when="step 5/60", signals=(signal.SIGTERM,), env=ENV)
@@ -132,7 +132,6 @@ def test_sigterm_during_the_sft_warm_start_interrupts_it_and_the_same_command_fi
     assert _manifest(sft)["status"] == "completed" and _manifest(_grpo_dir(out))["status"] == "completed"
 
 
-@pytest.mark.slow  # the default suite stays near 15 min; the dumps: tests/unit/test_diagnostics.py
 def test_sigusr1_and_the_hang_watchdog_write_stacks_and_the_run_goes_on(tmp_path):
     """SIGUSR1 x3 mid-training: diagnostics/stacks-0-<time>.txt each, with the trainer's frames, and the run completes.
     train.hang_timeout_s shorter than a step: each step "hangs", so hang-0-<time>.txt files are written (with a

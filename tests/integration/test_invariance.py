@@ -307,7 +307,7 @@ def test_speed_knobs_change_nothing(out, arm):
         assert worst <= 1e-6, f"{name}: weights differ by up to {worst:.3g}"
 
 
-@pytest.mark.parametrize("arm", ["grpo", "papo"])
+@pytest.mark.parametrize("arm", ["grpo", pytest.param("papo", marks=pytest.mark.slow)])  # papo: ~15 s
 def test_periodic_eval_changes_nothing_and_binds_to_kept_checkpoints(out, arm):
     """train.eval_steps is an observation: with it, five steps sample the same completions, log the same values and
     end at the same weights, bit for bit, as without it (papo draws its image masks from the RNG the eval must not

@@ -82,7 +82,7 @@ def check_budget_stop(run: Path, comp: dict) -> None:
     # 4 micro-batches per step: rank 0 holds every view's first completion, so only rank 0 runs the
     # direction forward through the DDP model (84 vs 52 forwards, counted); with DDP's buffer broadcast
     # per forward this configuration hung.
-    ("evi_po", ["arm.gradient_accumulation_steps=4"]),
+    pytest.param("evi_po", ["arm.gradient_accumulation_steps=4"], marks=pytest.mark.slow),  # ~50 s
 ])
 def test_accelerate_launch_two_ranks(tmp_path, arm, extra):
     proc = accelerate_launch(f"arm={arm}", "debug=tiny", "placement=ddp", f"output_root={tmp_path}", *extra)
@@ -155,6 +155,7 @@ def test_world_size_must_match_the_placement(tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.slow  # ~35 s
 def test_resume_with_another_world_size_is_refused(tmp_path):
     args = ["arm=sft", "debug=tiny", "budget.max_steps=6", f"output_root={tmp_path}"]
     plan = json.loads(run_harness("mode=plan", *args).stdout)

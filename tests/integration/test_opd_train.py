@@ -67,6 +67,7 @@ def test_a_student_distills_under_the_budget_with_the_rl_accounting(teacher):
     assert verify(run) == []
 
 
+@pytest.mark.slow  # ~20 s; the teacher in the identity: tests/unit/test_opd.py
 def test_a_changed_teacher_refuses_the_resume_with_the_field(teacher, tmp_path):
     out, sft = teacher
     mine = tmp_path / "teacher"
@@ -99,6 +100,7 @@ def test_smoke_passes_for_opd(teacher):
     assert "smoke: passed" in proc.stderr
 
 
+@pytest.mark.slow  # ~60 s; the plan of it: tests/unit/test_opd.py
 def test_a_teacher_named_by_its_arm_is_run_first_and_is_the_run_a_sweep_over_arms_shares(tmp_path):
     """arm=opd (the default arm.teacher=grpo) from an empty output_root: the SFT warm start, then the grpo run of the
     same command line, then the student, whose identity (manifest, every checkpoint) names that run's final policy

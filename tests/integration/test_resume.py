@@ -38,7 +38,8 @@ def _killed_run(out: Path, *overrides: str, kill_step: int, cache: Path | None =
 
 
 # grpo in the default suite; the other arms' smoke runs (~30 s each) with the slow tests
-@pytest.mark.parametrize("arm", ["grpo", *(pytest.param(a, marks=pytest.mark.slow) for a in ("sft", "papo", "evi_po"))])
+@pytest.mark.slow  # ~50 s each; smoke of every arm at once: python -m harness run_mode=smoke
+@pytest.mark.parametrize("arm", ["grpo", "sft", "papo", "evi_po"])
 def test_smoke_mode_passes(tmp_path, arm):
     proc = run_harness("run_mode=smoke", "debug=tiny", f"arm={arm}", f"output_root={tmp_path}", timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]

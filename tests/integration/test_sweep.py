@@ -37,6 +37,7 @@ def sweep(tmp_path_factory):
     return out, proc
 
 
+@pytest.mark.slow  # the fixture is a 4-job sweep (~115 s); test_cli plans every named sweep
 def test_four_runs_complete_each_with_an_eval_artifact(sweep):
     out, proc = sweep
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -63,6 +64,7 @@ def _png_ok(path: Path) -> bool:
     return path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and matplotlib.image.imread(path).ndim == 3
 
 
+@pytest.mark.slow  # the fixture is a 4-job sweep (~115 s); test_cli plans every named sweep
 def test_report_over_the_output_root_is_torch_free_and_names_both_arms(sweep):
     out, _ = sweep
     proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "harness.report", str(out)],
@@ -75,6 +77,7 @@ def test_report_over_the_output_root_is_torch_free_and_names_both_arms(sweep):
     assert len(pngs) >= 2 and all(_png_ok(p) for p in pngs)
 
 
+@pytest.mark.slow  # the fixture is a 4-job sweep (~115 s); test_cli plans every named sweep
 def test_report_over_the_sweep_folder_compares_its_jobs_only(sweep):
     from harness.report.cli import build_report
 
@@ -91,6 +94,7 @@ def test_report_over_the_sweep_folder_compares_its_jobs_only(sweep):
     assert pair["n"] == 2
 
 
+@pytest.mark.slow  # test_cli.py::test_sweep_records_every_job_and_a_failing_job_does_not_end_it stays
 def test_a_failing_job_is_recorded_the_others_complete_and_the_report_lists_it(tmp_path):
     proc = run_harness("-m", "arm=sft", "debug=tiny", "budget.max_steps=0,4", f"output_root={tmp_path}", timeout=600)
     assert proc.returncode == 1 and "1 failed job(s)" in proc.stderr and "Traceback" not in proc.stderr

@@ -170,6 +170,7 @@ def test_lora_policy_is_an_adapter_that_loads_with_peft(tmp_path):
     assert verify(run) == []
 
 
+@pytest.mark.slow  # ~20 s; a text-only model's GRPO step: tests/unit/test_models_tiny.py
 def test_text_only_model_trains(tmp_path):
     proc = run_harness("arm=sft", "model=tiny_lm", "debug=tiny", "budget.max_loss_tokens=400",
                        f"output_root={tmp_path}", timeout=600)

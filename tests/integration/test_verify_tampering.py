@@ -339,7 +339,7 @@ def edit_sft_first_loss(run: Path) -> list[str]:
     return [_digest_mismatch(METRICS, f, ckpt)]
 
 
-TWO_RANKS = pytest.mark.multiprocess
+TWO_RANKS = [pytest.mark.multiprocess, pytest.mark.slow]  # a two-rank source run costs ~40 s
 CASES = [
     pytest.param("one_rank:grpo", edit_ledger_tokens, id="ledger-tokens-edited"),
     pytest.param("one_rank:grpo", edit_ledger_tokens_in_an_earlier_checkpoints_segment,

@@ -42,6 +42,7 @@ def test_slurm_launcher_instantiates():
     assert type(launcher).__name__ == "SlurmLauncher" and launcher.params["gpus_per_node"] == 2
 
 
+@pytest.mark.slow  # ~30 s
 def test_submitit_executor_runs_a_sweep(tmp_path):
     proc = run_harness("-m", "hydra/launcher=submitit_local", "arm=sft", "debug=tiny", "budget.max_steps=2",
                        "seed=0,1", f"output_root={tmp_path}", timeout=300)
