@@ -15,6 +15,8 @@ import pytest
 from harness.accounting.checkpoint import complete_checkpoints
 from tests.conftest import run_harness
 
+pytestmark = pytest.mark.slow  # ~30 s; the eval CLI on a training run: tests/integration/test_train_slice.py
+
 
 @pytest.fixture(scope="module")
 def sft_run(tmp_path_factory):

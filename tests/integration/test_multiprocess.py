@@ -77,7 +77,7 @@ def check_budget_stop(run: Path, comp: dict) -> None:
 
 
 @pytest.mark.parametrize("arm, extra", [
-    ("grpo", []),
+    pytest.param("grpo", [], marks=pytest.mark.slow),  # ~45 s; .ci/run runs this file's slow tests early
     pytest.param("papo", [], marks=pytest.mark.slow),  # the same launch path as grpo; ~30 s
     # 4 micro-batches per step: rank 0 holds every view's first completion, so only rank 0 runs the
     # direction forward through the DDP model (84 vs 52 forwards, counted); with DDP's buffer broadcast
@@ -100,7 +100,7 @@ def test_accelerate_launch_two_ranks(tmp_path, arm, extra):
         sum(r["trained_loss_tokens"] for r in sft["ranks"])
 
 
-@pytest.mark.slow  # the default suite stays near 15 min; accelerate launch of 2 ranks stays
+@pytest.mark.slow  # ~60 s; the two-rank launch: test_accelerate_launch_two_ranks
 def test_driver_form_and_resume_after_a_kill(tmp_path):
     """`python -m harness placement=ddp placement.num_processes=2`: Hydra in this process, the ranks in an
     accelerate child. Killed (SIGKILL, every rank) in the step after checkpoint 2 and run again: both ranks'
@@ -167,7 +167,7 @@ def test_resume_with_another_world_size_is_refused(tmp_path):
     assert "written by 1 rank(s), this launch has 2" in again.stderr and "placement.num_processes=1" in again.stderr
 
 
-@pytest.mark.slow  # the driver form's kill/resume test above covers two ranks in the default suite
+@pytest.mark.slow  # the two-rank launch and the kill/resume above cover what smoke checks
 def test_smoke_self_test_with_two_ranks(tmp_path):
     proc = run_harness("run_mode=smoke", "placement=ddp", "arm=grpo", "debug=tiny", f"output_root={tmp_path}",
                        timeout=600)

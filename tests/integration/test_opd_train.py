@@ -26,6 +26,7 @@ def teacher(tmp_path_factory):
     return out, run.name
 
 
+@pytest.mark.slow  # ~60 s with its teacher; the default suite: tests/unit/test_opd.py, opd in test_invariance
 def test_a_student_distills_under_the_budget_with_the_rl_accounting(teacher):
     out, sft = teacher
     proc = run_harness("arm=opd", *TINY, f"arm.teacher=run:{sft}", f"output_root={out}", timeout=600)

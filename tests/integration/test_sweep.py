@@ -109,7 +109,7 @@ def test_a_failing_job_is_recorded_the_others_complete_and_the_report_lists_it(t
     assert "budget.max_steps=0" in failed and "exit" in failed.lower()
 
 
-@pytest.mark.slow  # the default suite stays near 15 min; the basic launcher stays
+@pytest.mark.slow  # the default suite stays near 15 min; the basic launcher: tests/unit/test_cli.py
 def test_joblib_jobs_share_the_warm_start_and_a_crash_mid_training_spares_the_other_job(tmp_path):
     """Hydra's joblib launcher, two jobs in parallel sharing one SFT warm start; the grpo job raises inside
     training (end of step 3, after checkpoint 2). The papo job completes, the sweep records the crash (exit 1, the
@@ -162,6 +162,7 @@ def trackio_runs(db: Path) -> dict:
     return runs
 
 
+@pytest.mark.slow  # ~30 s
 def test_jobs_in_one_process_get_their_own_wandb_tensorboard_and_trackio_runs(tmp_path):
     """The basic launcher runs every job in one process: W&B caches its settings process-wide and TRL leaves
     its run open, so without closing them the second job logged into the first job's run dir. The trackio runs
