@@ -119,7 +119,8 @@ def pytest_runtest_setup(item):
 
     start_by = item.config.getoption("--start-by")
     if start_by is not None and time.time() > start_by:
-        pytest.skip("not started: CI's time for the slow tests had run out (--start-by); ./test.sh -m slow runs it")
+        pytest.skip(f"not started: CI's time for the slow tests had run out (--start-by); ./test.sh -m slow runs "
+                    f"{item.nodeid}")
 
 
 def pytest_collection_modifyitems(config, items):
