@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -115,8 +116,6 @@ def pytest_addoption(parser):
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
     """Under --start-by, a test whose turn comes after that time is skipped before its fixtures are built."""
-    import time
-
     start_by = item.config.getoption("--start-by")
     if start_by is not None and time.time() > start_by:
         pytest.skip(f"not started: CI's time for the slow tests had run out (--start-by); ./test.sh -m slow runs "
