@@ -85,6 +85,12 @@ class ModelConfig:
         16, "LRU of preprocessed images per image digest (rollouts, re-scoring, eval; 16 MB holds ~200 "
         "56x56 images, many steps of the tiny job); the same tensors as "
         "without it; 0 = off", semantic=False, ge=0)
+    dedupe_images: bool = f(
+        True, "encode each distinct image of a forward once (TRL repeats a prompt's image G times); the same "
+        "features, and the vision tower's gradient summed in another float order (weights within ~1e-7); "
+        "Qwen2-VL / Qwen2.5-VL, other models unchanged", semantic=False)
+    rope_cache: bool = f(
+        True, "M-RoPE positions computed once per row layout (LRU); the same integers; Qwen2-VL", semantic=False)
     cache_dir: str = f("${output_root}/cache/models", "where built tiny models are cached", semantic=False)
     tiny: Optional[TinySpec] = f(None, "build parameters when source=tiny")
 

@@ -168,6 +168,9 @@ def evaluate(job: SimpleNamespace) -> dict:
     rows = eval_rows(load_split(root, job.split), job.max_items)
     model, processor = load_policy(job.policy_path, base_path=ident["model"].get("base_path"), trainable=False)
     imagecache.install(processor, c["model"].get("image_cache_mb", 0))  # runs planned before the field: off
+    from harness.stages.policy import fast_vision
+
+    fast_vision(model, processor, c["model"])  # the same, bit for bit, in a no-grad eval; runs planned before the fields: off
     plan = SimpleNamespace(run_name=job.manifest["run_name"], identity=ident, config=c)
     model.to(device_of(plan))
     return run_eval(model, processor, root, rows, plan=plan, run_dir=job.run_dir, split=job.split, label=job.label,

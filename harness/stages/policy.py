@@ -22,6 +22,19 @@ def init_of(plan, base_path: str) -> dict:
     return {"kind": "path", "path": arm["init"]}
 
 
+def fast_vision(model, processor, m: dict) -> None:
+    """model.dedupe_images and model.rope_cache on a loaded Qwen-VL (harness.models.fastvision) and, for the tiny
+    models' processor, the row dedupe of model.dedupe_images (harness.models.processor); other models as they are."""
+    if not m.get("is_vlm"):
+        return
+    from harness.models import fastvision
+    from harness.models.processor import HarnessVLProcessor
+
+    fastvision.install(model, dedupe_images=m.get("dedupe_images", False), rope_cache=m.get("rope_cache", False))
+    if isinstance(processor, HarnessVLProcessor):
+        processor.dedupe_rows = bool(m.get("dedupe_images", False))
+
+
 def build(plan, recorded: dict, corpus: list[str], run_dir: str) -> Policy:
     """The policy to train; `recorded` is the run's identity.model (a changed model refuses, exit 4)."""
     from harness.models import imagecache, special_token_ids_to_suppress
@@ -36,6 +49,7 @@ def build(plan, recorded: dict, corpus: list[str], run_dir: str) -> Policy:
     init = init_of(plan, base_path)
     model, processor = load_policy(init["path"], base_path=base_path)
     imagecache.install(processor, plan.config["model"]["image_cache_mb"])
+    fast_vision(model, processor, plan.config["model"])
     model = apply_tuning(model, plan)
     model.to(device_of(plan))
     return Policy(model, processor, base_path, base_ident, init, special_token_ids_to_suppress(processor),

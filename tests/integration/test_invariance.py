@@ -275,8 +275,9 @@ def test_ledger_tokens_are_what_trl_trained_on(out, monkeypatch, extra):
 
 @pytest.mark.parametrize("arm", ["sft", "grpo", "evi_po"])
 def test_speed_knobs_change_nothing(out, arm):
-    """model.image_cache_mb and model.gradient_checkpointing are speed knobs (not in the semantic identity): with
-    the cache off, or with activations recomputed in the backward pass, three steps sample the same completions,
+    """model.image_cache_mb, model.gradient_checkpointing, model.dedupe_images and model.rope_cache are speed knobs
+    (not in the semantic identity): with the cache off, with activations recomputed in the backward pass, or with
+    every copy of an image encoded on its own and the stock M-RoPE index, three steps sample the same completions,
     score them the same, log the same losses and end at the same weights. evi_po re-scores under the cached
     MISSING/CONTROL images; sft's collator preprocesses through the cache too. The run dir is the same for all
     three (same semantic identity), so each is removed after it is read."""
@@ -285,19 +286,22 @@ def test_speed_knobs_change_nothing(out, arm):
     rl = arm != "sft"
     seen = {}
     for name, knob in (("default", ()), ("no cache", ("model.image_cache_mb=0",)),
-                       ("checkpointing", ("model.gradient_checkpointing=true",))):
+                       ("checkpointing", ("model.gradient_checkpointing=true",)),
+                       ("stock vision", ("model.dedupe_images=false", "model.rope_cache=false"))):
         d = run(out, f"arm={arm}", "budget.max_steps=3", "train.save_steps=3", "train.logging_steps=1", *knob)
         comp = json.loads((d / "completion.json").read_text())
         seen[name] = (sampled(d) if rl else [], metrics(d), weights(d), comp["image_cache"])
         shutil.rmtree(d)
     ref_samples, ref_metrics, ref_weights, cache = seen["default"]
-    assert cache["misses"] > 0 and (cache["hits"] > cache["misses"] or not rl), cache  # on, and (RL) mostly hits
+    # on; its hits within a step are gone since the processor's row dedupe (model.dedupe_images) hands it each
+    # distinct image once per call; tests/unit/test_image_cache.py covers the hits
+    assert cache["misses"] > 0, cache
     assert seen["no cache"][3] is None
     if rl:
         assert len({t[0] for _, t in ref_samples}) > 1  # reward differences: the update is not zero
     keys = [k for k in ref_metrics[1] if k.startswith("loss") or k in ("grad_norm", "reward")]
     assert "loss" in keys and "grad_norm" in keys
-    for name in ("no cache", "checkpointing"):
+    for name in ("no cache", "checkpointing", "stock vision"):
         samples, m, w, _ = seen[name]
         assert samples == ref_samples, f"{name}: other completions or rewards"
         for step in ref_metrics:
