@@ -5,10 +5,12 @@
 Four kinds of trial on the default plan (arm=grpo; the token budget lifted so that budget.max_steps=--steps
 binds, eval off), from the same SFT warm start, in one process, alternating order round by round:
 
-  harness    python -m harness with model.image_cache_mb=0 (TRL's image path, the harness's GRPOConfig)
+  harness    python -m harness with model.image_cache_mb=0 model.dedupe_rows=false model.rope_cache=false
+             (TRL's and transformers' image path, the harness's GRPOConfig)
   bare       a bare TRL GRPOTrainer with the same GRPOConfig (bench/common.py: same model, data, seed and
              checkpoint schedule, a reward function that scores the same way and writes nothing)
-  harness*   python -m harness with its defaults (image cache on, gradient checkpointing off for tiny models)
+  harness*   python -m harness with its defaults (image cache, row dedupe, M-RoPE cache on;
+             gradient checkpointing off for tiny models)
   bare*      the bare GRPOTrainer with TRL's defaults (gradient checkpointing on, no image cache)
 
 A trial's time is its whole run: model load, trainer build, training, checkpoints and the final save; the
@@ -31,6 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 KINDS = ("harness", "bare", "harness*", "bare*")
+STOCK_PATHS = ("model.image_cache_mb=0", "model.dedupe_rows=false", "model.rope_cache=false")  # TRL's image path
 
 
 def main() -> None:
@@ -52,7 +55,7 @@ def main() -> None:
         head = ["arm=grpo", f"output_root={root}", "train.eval_before=false", "train.eval_after=false",
                 "budget.max_completion_tokens=100000000"]
         base = [*head, f"budget.max_steps={steps}", *args.overrides]
-        plans = {"harness": compose_plan([*base, "model.image_cache_mb=0"]), "harness*": compose_plan(base)}
+        plans = {"harness": compose_plan([*base, *STOCK_PATHS]), "harness*": compose_plan(base)}
         from harness.lifecycle import run_parent
 
         run_parent(plans["harness*"].parent)  # the SFT warm start, once (not timed)

@@ -85,10 +85,14 @@ class ModelConfig:
         16, "LRU of preprocessed images per image digest (rollouts, re-scoring, eval; 16 MB holds ~200 "
         "56x56 images, many steps of the tiny job); the same tensors as "
         "without it; 0 = off", semantic=False, ge=0)
-    dedupe_images: bool = f(
-        True, "encode each distinct image of a forward once (TRL repeats a prompt's image G times); the same "
-        "features, and the vision tower's gradient summed in another float order (weights within ~1e-7); "
-        "Qwen2-VL / Qwen2.5-VL, other models unchanged", semantic=False)
+    dedupe_rows: bool = f(
+        True, "the processor handles each distinct prompt row (text and image pixels) of a call once and gathers the "
+        "rows back (TRL repeats a prompt and its image G times); the same tensors bit for bit; the tiny models' "
+        "processor", semantic=False)
+    share_vision_features: bool = f(
+        False, "outside autograd (generation's prefill, eval, no-grad re-scoring) encode each distinct image of a batch "
+        "once; the same features up to float rounding only (a CPU matmul's rows can depend on the batch: evi_po's "
+        "loss moved by 2e-7 in two steps), so off; Qwen2-VL / Qwen2.5-VL", semantic=False)
     rope_cache: bool = f(
         True, "M-RoPE positions computed once per row layout (LRU); the same integers; Qwen2-VL", semantic=False)
     cache_dir: str = f("${output_root}/cache/models", "where built tiny models are cached", semantic=False)

@@ -1,33 +1,37 @@
-"""Two shortcuts in the Qwen2-VL / Qwen2.5-VL forward that change no result: each distinct image of a forward is
-encoded once, and the M-RoPE positions of a row are computed once per row layout.
+"""Shortcuts for the copies TRL makes: it repeats each prompt and its image G times in the batch, and
+transformers then processes, encodes and positions every copy. Measured on the tiny VLM (2 cores, one GRPO step
+~0.36 s): the two processor calls 31 ms, the vision tower 11 ms per no-grad forward on 32 images (2.8 ms on the 4
+distinct ones), `get_rope_index` ~10 ms per call (a Python loop per row), two calls a step (bench/RESULTS.md).
 
-Why: TRL repeats each prompt G times in the batch, so a GRPO step's prefill and loss forward run the vision tower
-on G identical copies of each image (32 images for 4 distinct ones in the default job), and transformers'
-`get_rope_index` walks every row in Python (itertools.groupby over its token types, a meshgrid per image).
-Measured on the tiny VLM (2 cores, one GRPO step ~0.36 s): the vision tower 11 ms per no-grad forward and 25 ms
-forward + backward on 32 images, 2.8 / 6.5 ms on the 4 distinct ones; `get_rope_index` ~10 ms per call, two
-calls a step (bench/RESULTS.md).
-
-- `model.dedupe_images`: `get_image_features` finds identical images (same grid, same pixel rows: torch.equal),
-  runs the vision tower on the distinct ones and hands every copy its features. The features are bit for bit the
-  ones the tower gives each copy (the tower encodes every image on its own: its attention is per image, and a
-  linear layer's row does not depend on the other rows; tests/unit/test_fastvision.py pins it). The gradient of
-  the vision tower is the same sum over the copies, taken in another float order (the copies' gradients are added
-  before the tower's backward, not inside its matmuls): weights agree to ~1e-7, which is why the knob is not part
-  of the semantic identity, like gradient checkpointing (tests/integration/test_invariance.py).
-- `model.rope_cache`: `get_rope_index` answers each row from a small LRU keyed by the row's token types (after
+- `model.dedupe_rows` (on): the tiny models' processor (HarnessVLProcessor) handles each distinct (text, image
+  pixels) row of a call once and gathers the rows back. Tokenizing and preprocessing are per row and per image, and
+  the padded width is the same maximum: the same tensors, bit for bit.
+- `model.rope_cache` (on): `get_rope_index` answers each row from a small LRU keyed by the row's token types (after
   the attention mask) and the grids of its images; a miss computes the row with transformers' own algorithm.
   Integer positions: the same tensors, bit for bit.
+- `model.share_vision_features` (off): without autograd (generation's prefill, evals, no-grad re-scoring)
+  `get_image_features` finds identical images (same grid, same pixel rows: torch.equal), runs the vision tower on
+  the distinct ones and hands every copy its features. The features are the stock ones up to float rounding only:
+  the tower encodes each image on its own, but a CPU matmul's result for a row can depend on how many rows the
+  batch has. Measured: bit for bit in the unit test and over the default job's 397 GRPO steps, but evi_po's loss
+  moved by 2e-7 within two steps, and a run that differs by rounding can end elsewhere (a variant that also shared
+  the features in the loss forward ended the default job at 0.743 held-out accuracy instead of 0.968). So it is off,
+  and never used with autograd.
 
-Installed on a loaded model by `install(model, dedupe_images=..., rope_cache=...)`, which swaps the class of the
-inner Qwen2VLModel / Qwen2_5_VLModel (PEFT-wrapped or not) for a subclass defined here: deep copies (a reference
+With the two defaults a run's samples, losses and weights are the same, bit for bit, as without them
+(tests/integration/test_invariance.py, tests/unit/test_fastvision.py).
+
+Installed on a loaded model by `install(model, share_vision_features=..., rope_cache=...)`, which swaps the class of
+the inner Qwen2VLModel / Qwen2_5_VLModel (PEFT-wrapped or not) for a subclass defined here: deep copies (a reference
 model) and pickles keep it, the weights and the saved files do not change (save_pretrained writes the outer
 model's config and state dict). Other model classes are left as they are. Anything outside the plain path
-(videos, extra kwargs, hidden states or attentions asked for) goes to transformers' code untouched.
+(videos, extra kwargs, hidden states or attentions asked for) goes to transformers' code untouched. The row dedupe
+is an instance attribute of the processor (`dedupe_rows`), never saved.
 """
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 from collections import OrderedDict
 
@@ -36,7 +40,7 @@ from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLModel
 from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLModel
 
 ROPE_CACHE_ROWS = 4096  # row layouts kept (a (3, L) int64 tensor each: ~1 KB for the tiny job's rows)
-_FLAGS = "_harness_fastvision"  # instance attribute: {"dedupe_images": bool, "rope_cache": bool}
+_FLAGS = "_harness_fastvision"  # instance attribute: {"share_vision_features": bool, "rope_cache": bool}
 
 
 def distinct_images(pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> tuple[list[int], list[int]]:
@@ -70,7 +74,9 @@ class _FastVision:
     def get_image_features(self, pixel_values, image_grid_thw=None, **kwargs):
         flags = self.__dict__.get(_FLAGS, {})
         extra = set(kwargs) - {"return_dict"}
-        if (not flags.get("dedupe_images") or image_grid_thw is None or extra
+        # Only without autograd: with it, the copies' gradients would be summed before the tower's backward, in
+        # another float order than the stock path (measured: the default job ended at 0.743, not 0.968).
+        if (not flags.get("share_vision_features") or torch.is_grad_enabled() or image_grid_thw is None or extra
                 or kwargs.get("return_dict", True) is not True or pixel_values.shape[0] != int(image_grid_thw.prod(-1).sum())):
             return super().get_image_features(pixel_values, image_grid_thw, **kwargs)
         firsts, inverse = distinct_images(pixel_values, image_grid_thw)
@@ -163,7 +169,89 @@ class FastQwen2_5_VLModel(_FastVision, Qwen2_5_VLModel):
 _FAST = {Qwen2VLModel: FastQwen2VLModel, Qwen2_5_VLModel: FastQwen2_5_VLModel}
 
 
-def install(model, *, dedupe_images: bool, rope_cache: bool):
+# --- the processor's row dedupe (model.dedupe_rows): a batch that repeats rows is processed once per distinct
+# row and gathered back. Tokenizing and preprocessing are per row and per image, and the padded width is the same
+# maximum, so the result is the same, tensor for tensor (tests/unit/test_fastvision.py).
+
+
+def _pixels_key(img) -> bytes:
+    return hashlib.blake2b(f"{img.mode}:{img.size}:".encode() + img.tobytes(), digest_size=16).digest()
+
+
+def distinct_rows(images, text, kwargs) -> tuple[list[int], list[int]] | None:
+    """(first row of each distinct (text, image pixels) row, each row's position among them); None when the call
+    is not a batch of text rows with a list of PIL images each (and padding / return_tensors at most), or when
+    nothing repeats."""
+    from PIL import Image
+
+    if (not isinstance(text, list) or not isinstance(images, list) or len(text) != len(images) or len(text) < 2
+            or set(kwargs) - {"padding", "return_tensors"} or kwargs.get("return_tensors") not in (None, "pt")):
+        return None
+    keys = []
+    for t, imgs in zip(text, images):
+        if not isinstance(t, str) or not isinstance(imgs, list) or not all(isinstance(i, Image.Image) for i in imgs):
+            return None
+        keys.append((t, tuple(_pixels_key(i) for i in imgs)))
+    index: dict = {}
+    inverse = [index.setdefault(k, len(index)) for k in keys]
+    if len(index) == len(keys):
+        return None
+    firsts = [0] * len(index)
+    for row in range(len(keys) - 1, -1, -1):
+        firsts[inverse[row]] = row
+    return firsts, inverse
+
+
+def gather_rows(out, inverse: list[int], images_per_row: list[int]):
+    """A processor output of distinct rows -> the output of the rows `inverse` names: per-row keys gathered by row;
+    the image keys (a block of grid t*h*w pixel rows and one grid row per image) gathered image by image."""
+    import numpy as np
+
+    grid = out.get("image_grid_thw")
+    starts = np.cumsum([0, *images_per_row])
+    order = [i for r in inverse for i in range(starts[r], starts[r + 1])]
+    gathered = {}
+    for key, value in out.items():
+        if key == "image_grid_thw":
+            gathered[key] = value[order]
+        elif key == "pixel_values":
+            sizes = [int(x) for x in grid.prod(-1)]
+            if isinstance(value, torch.Tensor):
+                blocks = value.split(sizes)
+                gathered[key] = torch.cat([blocks[i] for i in order])
+            else:
+                blocks = np.split(value, np.cumsum(sizes)[:-1])
+                gathered[key] = np.concatenate([blocks[i] for i in order])
+        elif len(value) == len(images_per_row):  # input_ids, attention_mask, mm_token_type_ids: one entry per row
+            gathered[key] = value[inverse] if isinstance(value, torch.Tensor) else [value[r] for r in inverse]
+        else:
+            raise ValueError(f"row dedupe: processor output {key!r} is neither per row nor per image")
+    return type(out)(gathered, tensor_type=None)
+
+
+def _dedupe_call(call, images=None, text=None, audio=None, **kwargs):
+    rows = distinct_rows(images, text, kwargs) if audio is None else None
+    if rows is None:
+        return call(images=images, text=text, audio=audio, **kwargs)
+    firsts, inverse = rows
+    out = call(images=[images[i] for i in firsts], text=[text[i] for i in firsts], audio=audio, **kwargs)
+    return gather_rows(out, inverse, [len(images[i]) for i in firsts])
+
+
+def dedupe_rows(processor, on: bool) -> bool:
+    """The row dedupe on or off for the tiny models' processor (HarnessVLProcessor); False for any other."""
+    from harness.models.processor import HarnessVLProcessor
+
+    if not isinstance(processor, HarnessVLProcessor):
+        return False
+    if on:
+        processor.__dict__["_harness_row_dedupe"] = _dedupe_call
+    else:
+        processor.__dict__.pop("_harness_row_dedupe", None)
+    return on
+
+
+def install(model, *, share_vision_features: bool, rope_cache: bool):
     """Turn the shortcuts on or off in every Qwen2-VL / Qwen2.5-VL base model inside `model`; returns the number
     of base models found (0 for other models, left as they are)."""
     found = 0
@@ -172,6 +260,6 @@ def install(model, *, dedupe_images: bool, rope_cache: bool):
         if base is None:
             continue
         module.__class__ = _FAST[base]
-        module.__dict__[_FLAGS] = {"dedupe_images": bool(dedupe_images), "rope_cache": bool(rope_cache)}
+        module.__dict__[_FLAGS] = {"share_vision_features": bool(share_vision_features), "rope_cache": bool(rope_cache)}
         found += 1
     return found

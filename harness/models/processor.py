@@ -84,88 +84,18 @@ class HarnessVLProcessor(Qwen2VLProcessor):
         self.vision_end_token_id = tokenizer.convert_tokens_to_ids(VISION_END)
         ProcessorMixin.__init__(self, image_processor, tokenizer, chat_template=chat_template)
 
-    # Row dedupe (the harness sets it from model.dedupe_images; off for a processor loaded outside the harness):
-    # a batch that repeats rows (TRL repeats each prompt and its image G times) is processed once per distinct
-    # row and gathered back. Tokenizing and preprocessing are per row and per image, and the padded width is the
-    # same maximum, so the result is the same, tensor for tensor (tests/unit/test_fastvision.py).
-    dedupe_rows = False
-
     def __call__(self, images=None, text=None, videos=None, audio=None, **kwargs):
         if videos is not None:
             raise ValueError(
                 "HarnessVLProcessor is image-only (no torchvision, so no video processor); "
                 "pass images, or use the stock Qwen-VL processor on a machine with torchvision."
             )
-        rows = self._distinct_rows(images, text, kwargs) if self.dedupe_rows else None
-        if rows is None:
-            return super().__call__(images=images, text=text, audio=audio, **kwargs)
-        firsts, inverse = rows
-        out = super().__call__(images=[images[i] for i in firsts], text=[text[i] for i in firsts], audio=audio, **kwargs)
-        return _gather_rows(out, inverse, [len(images[i]) for i in firsts])
-
-    @staticmethod
-    def _distinct_rows(images, text, kwargs):
-        """(first row of each distinct (text, images) row, each row's position among them); None when the call is
-        not a batch of text rows with a list of PIL images each, or when nothing repeats."""
-        from PIL import Image
-
-        if (not isinstance(text, list) or not isinstance(images, list) or len(text) != len(images) or len(text) < 2
-                or set(kwargs) - {"padding", "return_tensors"} or kwargs.get("return_tensors") not in (None, "pt")):
-            return None
-        keys = []
-        for t, imgs in zip(text, images):
-            if not isinstance(t, str) or not isinstance(imgs, list) or not all(isinstance(i, Image.Image) for i in imgs):
-                return None
-            keys.append((t, tuple(_pixels_key(i) for i in imgs)))
-        index: dict = {}
-        inverse = [index.setdefault(k, len(index)) for k in keys]
-        if len(index) == len(keys):
-            return None
-        firsts = [0] * len(index)
-        for row in range(len(keys) - 1, -1, -1):
-            firsts[inverse[row]] = row
-        return firsts, inverse
-
-
-def _pixels_key(img) -> bytes:
-    import hashlib
-
-    return hashlib.blake2b(f"{img.mode}:{img.size}:".encode() + img.tobytes(), digest_size=16).digest()
-
-
-def _gather_rows(out, inverse: list[int], images_per_row: list[int]):
-    """A processor output of distinct rows -> the output of the rows `inverse` names (per-row keys gathered; the
-    image keys, one block of pixel rows and one grid row per image, gathered image by image)."""
-    import torch
-
-    grid = out.get("image_grid_thw")
-    n_rows = len(images_per_row)
-    per_row_images = []  # distinct row -> its image indices
-    start = 0
-    for n in images_per_row:
-        per_row_images.append(list(range(start, start + n)))
-        start += n
-    order = [i for r in inverse for i in per_row_images[r]]
-    gathered = {}
-    for key, value in out.items():
-        if key == "image_grid_thw":
-            gathered[key] = value[order]
-        elif key == "pixel_values":
-            sizes = [int(x) for x in (grid.prod(-1) if isinstance(grid, torch.Tensor) else grid.prod(-1))]
-            blocks = list(value.split(sizes) if isinstance(value, torch.Tensor) else _np_split(value, sizes))
-            cat = torch.cat if isinstance(value, torch.Tensor) else __import__("numpy").concatenate
-            gathered[key] = cat([blocks[i] for i in order]) if order else value[:0]
-        elif len(value) == n_rows:  # input_ids, attention_mask, mm_token_type_ids: one entry per row
-            gathered[key] = value[inverse] if isinstance(value, torch.Tensor) else [value[r] for r in inverse]
-        else:
-            raise ValueError(f"HarnessVLProcessor row dedupe: output key {key!r} is neither per row nor per image")
-    return type(out)(gathered, tensor_type=None)
-
-
-def _np_split(value, sizes):
-    import numpy as np
-
-    return np.split(value, np.cumsum(sizes)[:-1])
+        # The harness's row dedupe (harness.models.fastvision.dedupe_rows, from model.dedupe_rows): an instance
+        # attribute, never saved; absent in a process without the harness.
+        dedupe = self.__dict__.get("_harness_row_dedupe")
+        if dedupe is not None:
+            return dedupe(super().__call__, images=images, text=text, audio=audio, **kwargs)
+        return super().__call__(images=images, text=text, audio=audio, **kwargs)
 
 
 class _ProcessorRegistryKey:

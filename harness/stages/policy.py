@@ -23,16 +23,15 @@ def init_of(plan, base_path: str) -> dict:
 
 
 def fast_vision(model, processor, m: dict) -> None:
-    """model.dedupe_images and model.rope_cache on a loaded Qwen-VL (harness.models.fastvision) and, for the tiny
-    models' processor, the row dedupe of model.dedupe_images (harness.models.processor); other models as they are."""
+    """model.dedupe_rows (the tiny models' processor), model.share_vision_features and model.rope_cache (a loaded
+    Qwen2-VL / Qwen2.5-VL) from harness.models.fastvision; other models and processors as they are."""
     if not m.get("is_vlm"):
         return
     from harness.models import fastvision
-    from harness.models.processor import HarnessVLProcessor
 
-    fastvision.install(model, dedupe_images=m.get("dedupe_images", False), rope_cache=m.get("rope_cache", False))
-    if isinstance(processor, HarnessVLProcessor):
-        processor.dedupe_rows = bool(m.get("dedupe_images", False))
+    fastvision.install(model, share_vision_features=m.get("share_vision_features", False),
+                       rope_cache=m.get("rope_cache", False))
+    fastvision.dedupe_rows(processor, bool(m.get("dedupe_rows", False)))
 
 
 def build(plan, recorded: dict, corpus: list[str], run_dir: str) -> Policy:

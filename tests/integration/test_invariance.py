@@ -275,10 +275,11 @@ def test_ledger_tokens_are_what_trl_trained_on(out, monkeypatch, extra):
 
 @pytest.mark.parametrize("arm", ["sft", "grpo", "evi_po"])
 def test_speed_knobs_change_nothing(out, arm):
-    """model.image_cache_mb, model.gradient_checkpointing, model.dedupe_images and model.rope_cache are speed knobs
-    (not in the semantic identity): with the cache off, with activations recomputed in the backward pass, or with
-    every copy of an image encoded on its own and the stock M-RoPE index, three steps sample the same completions,
-    score them the same, log the same losses and end at the same weights. evi_po re-scores under the cached
+    """model.image_cache_mb, model.gradient_checkpointing, model.dedupe_rows, model.rope_cache and
+    model.share_vision_features are speed knobs (not in the semantic identity): with the cache off, with activations
+    recomputed in the backward pass, with every row processed on its own and the stock M-RoPE index (bit for bit),
+    or with each distinct image encoded once outside autograd, three steps sample the same completions, score them
+    the same, log the same losses and end at the same weights. evi_po re-scores under the cached
     MISSING/CONTROL images; sft's collator preprocesses through the cache too. The run dir is the same for all
     three (same semantic identity), so each is removed after it is read."""
     import shutil
@@ -287,13 +288,14 @@ def test_speed_knobs_change_nothing(out, arm):
     seen = {}
     for name, knob in (("default", ()), ("no cache", ("model.image_cache_mb=0",)),
                        ("checkpointing", ("model.gradient_checkpointing=true",)),
-                       ("stock vision", ("model.dedupe_images=false", "model.rope_cache=false"))):
+                       ("stock rows", ("model.dedupe_rows=false", "model.rope_cache=false")),
+                       ("shared vision", ("model.share_vision_features=true",))):
         d = run(out, f"arm={arm}", "budget.max_steps=3", "train.save_steps=3", "train.logging_steps=1", *knob)
         comp = json.loads((d / "completion.json").read_text())
         seen[name] = (sampled(d) if rl else [], metrics(d), weights(d), comp["image_cache"])
         shutil.rmtree(d)
     ref_samples, ref_metrics, ref_weights, cache = seen["default"]
-    # on; its hits within a step are gone since the processor's row dedupe (model.dedupe_images) hands it each
+    # on; its hits within a step are gone since the processor's row dedupe (model.dedupe_rows) hands it each
     # distinct image once per call; tests/unit/test_image_cache.py covers the hits
     assert cache["misses"] > 0, cache
     assert seen["no cache"][3] is None
@@ -301,7 +303,7 @@ def test_speed_knobs_change_nothing(out, arm):
         assert len({t[0] for _, t in ref_samples}) > 1  # reward differences: the update is not zero
     keys = [k for k in ref_metrics[1] if k.startswith("loss") or k in ("grad_norm", "reward")]
     assert "loss" in keys and "grad_norm" in keys
-    for name in ("no cache", "checkpointing", "stock vision"):
+    for name in ("no cache", "checkpointing", "stock rows", "shared vision"):
         samples, m, w, _ = seen[name]
         assert samples == ref_samples, f"{name}: other completions or rewards"
         for step in ref_metrics:
@@ -309,6 +311,11 @@ def test_speed_knobs_change_nothing(out, arm):
                 assert m[step][k] == pytest.approx(ref_metrics[step][k], rel=1e-6, abs=1e-8), (name, step, k)
         worst = max((w[k] - ref_weights[k]).abs().max().item() for k in ref_weights)
         assert worst <= 1e-6, f"{name}: weights differ by up to {worst:.3g}"
+        if name == "stock rows":  # the row dedupe and the M-RoPE cache give the stock tensors: bit for bit
+            differ = {(step, k): (m[step][k], ref_metrics[step][k]) for step in ref_metrics for k in keys
+                      if m[step][k] != ref_metrics[step][k]}
+            assert not differ, (name, differ)
+            assert worst == 0.0, f"{name}: weights differ by up to {worst:.3g}"
 
 
 @pytest.mark.parametrize("arm", ["grpo", pytest.param("papo", marks=pytest.mark.slow)])  # papo: ~15 s

@@ -1,6 +1,7 @@
-"""model.dedupe_images and model.rope_cache (harness.models.fastvision) change no result: every copy of an image
-gets, bit for bit, the features the stock vision tower gives it; the vision tower's gradient is the same sum over
-the copies up to float order; the cached M-RoPE index is the stock index, integer for integer, on padded rows,
+"""harness.models.fastvision: model.dedupe_rows gives the stock processor output and model.rope_cache the stock
+M-RoPE index, bit for bit; model.share_vision_features (off by default) gives every copy of an image the features
+the stock vision tower gives it (bit for bit on these batches), and with autograd the stock path runs; the cached
+M-RoPE index is the stock index, integer for integer, on padded rows,
 rows with several images and text-only rows; deep copies keep the shortcuts; other models are left alone."""
 
 from __future__ import annotations
@@ -59,31 +60,39 @@ def test_distinct_images_merges_only_equal_pixels():
 
 
 @pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl"])
-def test_every_copy_gets_the_stock_features_and_the_same_gradient(built, family):
+def test_every_copy_gets_the_stock_features_and_the_loss_path_is_the_stock_one(built, family):
     model, processor = tiny_mod.load_tiny(built[family])
     images = [_image(56, 0), _image(112, 1), _image(56, 0), _image(56, 2), _image(112, 1), _image(56, 0)]
     pv, grid = _pixels(processor, images)
     base = _base(model)
     weight = torch.randn(sum(int(g.prod()) // 4 for g in grid), model.config.text_config.hidden_size,
                          generator=torch.Generator().manual_seed(0))
+    calls = []
+    visual_forward = base.visual.forward
+    base.visual.forward = lambda pixel_values, **kw: calls.append(len(kw["grid_thw"])) or visual_forward(pixel_values, **kw)
 
-    def features_and_grads(dedupe: bool):
-        fastvision.install(model, dedupe_images=dedupe, rope_cache=False)
+    def run(dedupe: bool, grad: bool):
+        fastvision.install(model, share_vision_features=dedupe, rope_cache=False)
         model.zero_grad(set_to_none=True)
-        out = base.get_image_features(pv, grid, return_dict=True)
-        (torch.cat(out.pooler_output) * weight).sum().backward()
+        with torch.set_grad_enabled(grad):
+            out = base.get_image_features(pv, grid, return_dict=True)
+        if grad:
+            (torch.cat(out.pooler_output) * weight).sum().backward()
         grads = {n: p.grad.clone() for n, p in base.visual.named_parameters() if p.grad is not None}
         return [t.detach() for t in out.pooler_output], out.last_hidden_state.detach(), grads
 
-    stock, stock_hidden, stock_grads = features_and_grads(False)
-    fast, fast_hidden, fast_grads = features_and_grads(True)
+    stock, stock_hidden, _ = run(False, grad=False)
+    fast, fast_hidden, _ = run(True, grad=False)
+    assert calls == [6, 3], calls  # the tower saw the 3 distinct images once
     assert len(fast) == len(images)
     assert all(torch.equal(x, y) for x, y in zip(stock, fast)), "a copy got other features"
     assert torch.equal(stock_hidden, fast_hidden)
+    # with autograd (the loss forward) every copy goes through the tower, so the gradient is the stock one bit for bit
+    _, _, stock_grads = run(False, grad=True)
+    _, _, fast_grads = run(True, grad=True)
+    assert calls[2:] == [6, 6], calls
     assert stock_grads.keys() == fast_grads.keys() and stock_grads
-    for name, g in stock_grads.items():
-        err = ((fast_grads[name] - g).abs().max() / g.abs().max()).item()
-        assert err < 1e-5, (name, err)
+    assert all(torch.equal(fast_grads[n], g) for n, g in stock_grads.items())
 
 
 @pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl"])
@@ -98,7 +107,7 @@ def test_a_forward_with_repeated_prompts_gives_the_stock_logits(built, family):
     inputs = processor(text=text, images=images, padding=True, padding_side="left", return_tensors="pt")
     logits = {}
     for on in (False, True, True):  # the second `on` answers the rope index from the cache
-        fastvision.install(model, dedupe_images=on, rope_cache=on)
+        fastvision.install(model, share_vision_features=on, rope_cache=on)
         with torch.no_grad():
             logits.setdefault(on, []).append(model(**inputs).logits)
     assert torch.equal(logits[False][0], logits[True][0]) and torch.equal(logits[True][0], logits[True][1])
@@ -129,7 +138,7 @@ def _rope_batch(rng: random.Random, n_rows: int, merge: int = 2):
 def test_the_cached_rope_index_is_the_stock_one(built):
     model, _ = tiny_mod.load_tiny(built["qwen2_vl"])
     base = _base(model)
-    fastvision.install(model, dedupe_images=False, rope_cache=True)
+    fastvision.install(model, share_vision_features=False, rope_cache=True)
     rng = random.Random(0)
     batches = [_rope_batch(rng, rng.randrange(1, 7)) for _ in range(30)]
     for ids, tt, mask, grid in batches + batches:  # the second pass answers from the cache
@@ -144,16 +153,25 @@ def test_the_cached_rope_index_is_the_stock_one(built):
 def test_install_survives_deepcopy_and_leaves_other_models_alone(built):
     model, _ = tiny_mod.load_tiny(built["qwen2_vl"])
     keys = list(model.state_dict())
-    assert fastvision.install(model, dedupe_images=True, rope_cache=False) == 1
+    assert fastvision.install(model, share_vision_features=True, rope_cache=False) == 1
     twin = copy.deepcopy(model)
     assert type(_base(twin)) is fastvision.FastQwen2VLModel
-    assert _base(twin).__dict__[fastvision._FLAGS] == {"dedupe_images": True, "rope_cache": False}
+    assert _base(twin).__dict__[fastvision._FLAGS] == {"share_vision_features": True, "rope_cache": False}
     assert list(model.state_dict()) == keys and model.config.architectures == twin.config.architectures
     for family in ("qwen3_vl", "qwen2"):
         other, _ = tiny_mod.load_tiny(built[family])
         classes = [type(m) for m in other.modules()]
-        assert fastvision.install(other, dedupe_images=True, rope_cache=True) == 0
+        assert fastvision.install(other, share_vision_features=True, rope_cache=True) == 0
         assert [type(m) for m in other.modules()] == classes
+
+
+def test_the_row_dedupe_is_never_saved(built, tmp_path):
+    _, processor = tiny_mod.load_tiny(built["qwen2_vl"])
+    processor.save_pretrained(tmp_path / "off")
+    assert fastvision.dedupe_rows(processor, True)
+    processor.save_pretrained(tmp_path / "on")
+    for f in (tmp_path / "off").iterdir():
+        assert f.read_bytes() == (tmp_path / "on" / f.name).read_bytes(), f.name
 
 
 @pytest.mark.parametrize("return_tensors", ["pt", None])
@@ -170,9 +188,9 @@ def test_the_row_dedupe_of_the_processor_gives_the_stock_output(built, return_te
     kwargs = {"padding": True, "return_tensors": "pt"} if return_tensors else {}
     outs = {}
     for on in (False, True):
-        processor.dedupe_rows = on
+        assert fastvision.dedupe_rows(processor, on) is on
         outs[on] = processor(images=images, text=text, **kwargs)
-    assert processor._distinct_rows(images, text, kwargs) is not None  # the dedupe path ran
+    assert fastvision.distinct_rows(images, text, kwargs) is not None  # the dedupe path ran
     assert outs[False].keys() == outs[True].keys()
     for k, want in outs[False].items():
         got = outs[True][k]
