@@ -104,6 +104,26 @@ def heavy_imports(importtime_stderr: str) -> list[str]:
     return sorted(found)
 
 
+def pytest_configure(config):
+    """The compose cache (harness/config/compose_cache.py) of this session in a temp dir, never the user's
+    ~/.cache: set in os.environ before any test runs, so the subprocesses tests start (run_harness passes the
+    environment on) use it too. Removed at the end of the session."""
+    import tempfile
+
+    config._harness_cache_dir = tempfile.mkdtemp(prefix="harness-test-cache-")
+    os.environ["HARNESS_CACHE_DIR"] = config._harness_cache_dir
+
+
+def pytest_unconfigure(config):
+    import shutil
+
+    d = getattr(config, "_harness_cache_dir", None)
+    if d:
+        shutil.rmtree(d, ignore_errors=True)
+        if os.environ.get("HARNESS_CACHE_DIR") == d:
+            del os.environ["HARNESS_CACHE_DIR"]
+
+
 def pytest_addoption(parser):
     parser.addoption("--start-by", type=float, default=None, metavar="UNIX_TIME",
                      help="skip, with the reason, every test not started by this time (.ci/run keeps the slow tests "

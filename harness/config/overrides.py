@@ -77,8 +77,10 @@ def groups() -> dict[str, tuple[str, ...]]:
     """Config group -> its options: conf/<group>/*.yaml and the ConfigStore (schema/*, sweep). No hydra/* groups."""
     from hydra.core.config_store import ConfigStore
 
-    if "schema" not in ConfigStore.instance().repo:  # used before the CLI registered the schemas and sweeps
-        schema.register(with_help=False)
+    if "schema" not in ConfigStore.instance().repo:  # used before anything composed (the CLI registers lazily)
+        from harness.config.store import register
+
+        register(with_help=False)
     found: dict[str, set[str]] = {g: set(opts) for g, opts in _conf_groups().items()}
 
     def walk(node: dict, prefix: str) -> None:
