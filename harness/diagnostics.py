@@ -27,6 +27,8 @@ from pathlib import Path
 
 log = logging.getLogger("harness")
 DUMP_SIGNAL = signal.SIGUSR1
+POLL_S = 0.5  # the watcher's wait between deadline checks; a stop wakes it at once (WAKE), not after a poll
+WAKE = b"\0"  # written to the wakeup pipe by __exit__: no signal has number 0, so it is never forwarded
 
 
 def _noop(signum, frame) -> None:  # the watcher thread does the work (woken through the wakeup fd)
@@ -61,14 +63,14 @@ class StackDumps:
         while not self._stop.is_set():
             wait = None if self._deadline is None else max(0.0, self._deadline - time.monotonic())
             if self._r is None:
-                self._stop.wait(0.5 if wait is None else min(wait, 0.5))
+                self._stop.wait(POLL_S if wait is None else min(wait, POLL_S))
                 ready = False
             else:
-                ready = select.select([self._r], [], [], 0.5 if wait is None else min(wait, 0.5))[0]
+                ready = select.select([self._r], [], [], POLL_S if wait is None else min(wait, POLL_S))[0]
             if ready:
-                data = os.read(self._r, 512)
+                data = os.read(self._r, 512).replace(WAKE, b"")
                 prev_fd = self._previous[1]
-                if prev_fd >= 0:  # whoever had the wakeup fd still hears of every signal
+                if prev_fd >= 0 and data:  # whoever had the wakeup fd still hears of every signal
                     try:
                         os.write(prev_fd, data)
                     except OSError:
@@ -111,6 +113,11 @@ class StackDumps:
             signal.set_wakeup_fd(prev_fd)
             signal.signal(DUMP_SIGNAL, handler)
         self._stop.set()
+        if self._w is not None:  # wake the select now: a run (or each job of a sweep) would wait up to POLL_S
+            try:
+                os.write(self._w, WAKE)
+            except OSError:  # a full pipe wakes it as well
+                pass
         self._thread.join(timeout=5)
         for fd in (self._r, self._w):
             if fd is not None:

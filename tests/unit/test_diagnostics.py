@@ -49,3 +49,29 @@ def test_the_watchdog_dumps_a_step_that_takes_too_long_and_only_then(tmp_path):
         assert len(dumps.written) == 1
     (hang,) = (tmp_path / "diagnostics").glob("hang-1-*.txt")
     assert "test_the_watchdog_dumps_a_step_that_takes_too_long" in hang.read_text()
+
+
+def test_leaving_wakes_the_watcher_at_once_and_forwards_no_wake_byte(tmp_path, monkeypatch):
+    """__exit__ wakes the watcher's select through the pipe: with a poll far longer than __exit__'s join timeout
+    (5 s), the thread must still have ended when the block is left (every run, every sweep job waited up to a
+    poll, 0.5 s, here). The wake byte is not a signal: the previous wakeup fd never sees it."""
+    import harness.diagnostics as diag
+
+    monkeypatch.setattr(diag, "POLL_S", 60.0)
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+    os.set_blocking(w, False)
+    previous = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+    try:
+        with StackDumps(tmp_path, rank=0) as dumps:
+            time.sleep(0.2)  # the watcher is in its select
+        assert not dumps._thread.is_alive()
+        try:
+            leaked = os.read(r, 512)
+        except BlockingIOError:
+            leaked = b""
+        assert diag.WAKE not in leaked
+    finally:
+        signal.set_wakeup_fd(previous)
+        os.close(r)
+        os.close(w)
