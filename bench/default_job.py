@@ -13,7 +13,10 @@
 Prints the phases, both walls, and last `ratio=<default job / bare TRL>`; the goal (issue 15) is <= 1.05: the
 whole job, data, warm start and evals included, costs no more than plain TRL's training alone, with the
 held-out accuracy up by >= 0.10. --quick: the same job at a quarter of its size (data, warm start, token budget,
-eval views) against a quarter of the bare steps (~2-3 minutes). Run it on an otherwise idle machine.
+eval views) against a quarter of the bare steps (~2-3 minutes). --same-steps: also a bare TRL run of as many
+steps as the job's GRPO took (budget-bound: 397 in the default job), printed as `same_steps_ratio=` before the
+last line: what the whole job costs against plain TRL's training of the same RL steps. Run it on an otherwise
+idle machine.
 """
 
 from __future__ import annotations
@@ -57,6 +60,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="a quarter of the job against a quarter of the bare steps")
     ap.add_argument("--bare-steps", type=int, default=None, help="bare TRL steps (default 250; --quick 63)")
+    ap.add_argument("--same-steps", action="store_true",
+                    help="also race a bare TRL run of the job's own number of GRPO steps (same_steps_ratio=)")
     ap.add_argument("--child-bare", nargs=2, metavar=("ROOT", "STEPS"), help=argparse.SUPPRESS)
     ap.add_argument("overrides", nargs="*", help="Hydra overrides of the job (and the bare trainer's plan)")
     args = ap.parse_args()
@@ -74,6 +79,11 @@ def main() -> None:
                     *(["--quick"] if args.quick else []), *args.overrides]
         bare_wall, bproc = _run(bare_cmd)
         bare = json.loads(bproc.stdout.strip().splitlines()[-1])
+        same = None
+        if args.same_steps:
+            bare_cmd[4] = str(comp["optimizer_steps"])
+            same_wall, sproc = _run(bare_cmd)
+            same = (same_wall, json.loads(sproc.stdout.strip().splitlines()[-1]))
 
     ph, pph = comp["phases_s"], parent.get("phases_s") or {}
     print(f"default job{' (--quick: ' + ' '.join(QUICK) + ')' if args.quick else ''}"
@@ -90,6 +100,11 @@ def main() -> None:
     print(f"bare TRL GRPOTrainer, TRL's defaults: {bare_wall:.1f} s for {bare['steps']} steps "
           f"({bare['train_s'] / bare['steps']:.3f} s/step, {bare['tokens']} tokens; training alone {bare['train_s']:.1f} s)")
     print(f"per-step ratio (job's GRPO / bare TRL)={comp['train_runtime_s'] / comp['optimizer_steps'] / (bare['train_s'] / bare['steps']):.3f}")
+    if same is not None:
+        sw, sb = same
+        print(f"bare TRL GRPOTrainer, TRL's defaults, the job's {sb['steps']} steps: {sw:.1f} s "
+              f"({sb['train_s'] / sb['steps']:.3f} s/step; training alone {sb['train_s']:.1f} s)")
+        print(f"same_steps_ratio={job_wall / sw:.3f}")
     print(f"ratio={job_wall / bare_wall:.3f}")
 
 
