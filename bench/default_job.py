@@ -75,15 +75,13 @@ def main() -> None:
         (run,) = [p for p in (Path(root) / "runs").iterdir() if p.name.startswith("grpo-")]
         comp = json.loads((run / "completion.json").read_text())
         parent = json.loads((Path(comp["parent"]["run_dir"]) / "completion.json").read_text())
-        bare_cmd = [sys.executable, str(Path(__file__).resolve()), "--child-bare", root, str(steps),
-                    *(["--quick"] if args.quick else []), *args.overrides]
-        bare_wall, bproc = _run(bare_cmd)
-        bare = json.loads(bproc.stdout.strip().splitlines()[-1])
-        same = None
-        if args.same_steps:
-            bare_cmd[4] = str(comp["optimizer_steps"])
-            same_wall, sproc = _run(bare_cmd)
-            same = (same_wall, json.loads(sproc.stdout.strip().splitlines()[-1]))
+        def bare_run(n: int) -> tuple[float, dict]:  # a fresh process: interpreter start and imports count
+            wall, p = _run([sys.executable, str(Path(__file__).resolve()), "--child-bare", root, str(n),
+                            *(["--quick"] if args.quick else []), *args.overrides])
+            return wall, json.loads(p.stdout.strip().splitlines()[-1])
+
+        bare_wall, bare = bare_run(steps)
+        same = bare_run(comp["optimizer_steps"]) if args.same_steps else None
 
     ph, pph = comp["phases_s"], parent.get("phases_s") or {}
     print(f"default job{' (--quick: ' + ' '.join(QUICK) + ')' if args.quick else ''}"

@@ -35,7 +35,6 @@ from pathlib import Path
 
 FORMAT = 1  # bump when the entry's layout or the key's inputs change
 MAX_ENTRIES = 256  # a write removes the least recently used beyond this (a hit refreshes an entry's mtime)
-_TMP_PREFIX = ".tmp-"
 _STALE_TMP_S = 3600  # a temp file this old was left by a killed writer
 _OFF = ("0", "false", "no", "off")
 
@@ -197,29 +196,20 @@ def load(key: str):
 
 
 def store(key: str, cfg, choices: dict) -> None:
-    """Write the entry atomically (a temp file, then os.replace in the same dir); any failure skips it."""
+    """Write the entry atomically (harness.rundir.atomic_write_bytes); any failure skips it."""
+    from harness.rundir import atomic_write_bytes
+
     d = cache_dir()
     if d is None:
         return
-    tmp = None
     try:
         data = pickle.dumps({"format": FORMAT, "key": key, "cfg": cfg, "choices": dict(choices)},
                             protocol=pickle.HIGHEST_PROTOCOL)
         d.mkdir(mode=0o700, parents=True, exist_ok=True)
-        import tempfile
-
-        fd, tmp = tempfile.mkstemp(dir=d, prefix=_TMP_PREFIX, suffix=".pkl")
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, d / f"{key}.pkl")
-        tmp = None
+        atomic_write_bytes(d / f"{key}.pkl", data)  # its temp file is removed on any failure but SIGKILL
         _prune(d)
     except Exception:  # noqa: BLE001  (read-only or full disk, an unpicklable value: the plan goes on uncached)
-        if tmp is not None:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
+        pass
 
 
 def _prune(d: Path) -> None:
@@ -228,7 +218,7 @@ def _prune(d: Path) -> None:
     for e in os.scandir(d):
         try:
             mtime = e.stat().st_mtime
-            if e.name.startswith(_TMP_PREFIX):
+            if e.name.startswith(".") and e.name.endswith(".tmp"):  # atomic_write_bytes' temp file
                 if now - mtime > _STALE_TMP_S:
                     os.unlink(e.path)
             elif e.name.endswith(".pkl"):

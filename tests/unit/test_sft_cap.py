@@ -33,10 +33,11 @@ def _vary(example: dict, i: int) -> dict:
 
 
 def build(env, *overrides: str, chunk: int | None = None):
-    """An SFT trainer as the harness builds it (the cap applied at build, with `chunk` rows per collator call)."""
-    import arms.sft.trainer as sft
+    """An SFT trainer as the harness builds it (the cap applied at build); with `chunk`, the cap applied once more to
+    the whole epoch with `chunk` rows per collator call."""
     from arms import build_trainer
     from arms.common import BuildContext
+    from arms.sft.trainer import apply_loss_token_cap
     from harness.cli import compose_plan
     from harness.models import fastvision, imagecache, load_tiny
     from harness.trainsets import sft_dataset
@@ -47,15 +48,11 @@ def build(env, *overrides: str, chunk: int | None = None):
     imagecache.install(processor, 16)
     ds = sft_dataset(env["root"], env["rows"], is_vlm=True, seed=plan.config["seed"]).map(_vary, with_indices=True)
     ctx = BuildContext(plan=plan, run_dir=env["tmp"] / "sft", model=model, processor=processor, train_dataset=ds)
-    default = sft.CAP_CHUNK
-    try:
-        if chunk is not None:
-            sft.CAP_CHUNK = chunk
-            sft.apply_loss_token_cap.__defaults__ = (chunk,)
-        return build_trainer("sft", ctx)
-    finally:
-        sft.CAP_CHUNK = default
-        sft.apply_loss_token_cap.__defaults__ = (default,)
+    trainer = build_trainer("sft", ctx)
+    if chunk is not None:
+        trainer.train_dataset = ds
+        apply_loss_token_cap(trainer, ctx, chunk=chunk)
+    return trainer
 
 
 def reference_cap(trainer, cap: int, max_len: int) -> dict | str:
