@@ -12,7 +12,9 @@ are written last).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import gc
 import logging
 import os
 import time
@@ -178,8 +180,35 @@ def run_stages(plan: Plan, run: RunDir, parent_s: float = 0.0) -> dict | None:
     writes this rank's stacks to the run dir (harness.diagnostics)."""
     from harness.diagnostics import StackDumps
 
-    with StackDumps(run.path, dist.rank(), plan.config["train"]["hang_timeout_s"]) as dumps:
+    with run_objects(), StackDumps(run.path, dist.rank(), plan.config["train"]["hang_timeout_s"]) as dumps:
         return _stages(plan, run, parent_s, dumps)
+
+
+_scopes = 0  # run_objects() scopes open in this process (a run's stages; nested ones share the outer freeze)
+
+
+@contextlib.contextmanager
+def run_objects():
+    """The cyclic garbage collector looks only at what the run allocates. Every object alive when the run's
+    stages start (modules, classes, functions of torch, transformers and TRL: ~500k objects) is moved to the
+    collector's permanent generation (gc.freeze) for the run, so each full collection made during it skips
+    them: transformers' Trainer collects before every training loop (accelerate's free_memory, 0.29 s of a
+    20-step tiny run on 2 cores), as do the evals. When the run ends, one collection frees the run's own
+    cycles (a model, a trainer: before the next job of a sweep in the same process starts), then the frozen
+    objects go back to the collector. Nothing computed changes: the collector only ever frees unreachable
+    objects; what it skips during the run is what was alive before it."""
+    global _scopes
+    outer = _scopes == 0
+    if outer:
+        gc.freeze()
+    _scopes += 1
+    try:
+        yield
+    finally:
+        _scopes -= 1
+        if outer:
+            gc.collect()  # the run's objects only: the permanent generation is not scanned
+            gc.unfreeze()
 
 
 def _stages(plan: Plan, run: RunDir, parent_s: float, dumps) -> dict | None:
