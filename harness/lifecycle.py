@@ -184,9 +184,6 @@ def run_stages(plan: Plan, run: RunDir, parent_s: float = 0.0) -> dict | None:
         return _stages(plan, run, parent_s, dumps)
 
 
-_scopes = 0  # run_objects() scopes open in this process (a run's stages; nested ones share the outer freeze)
-
-
 @contextlib.contextmanager
 def run_objects():
     """The cyclic garbage collector looks only at what the run allocates. Every object alive when the run's
@@ -196,19 +193,17 @@ def run_objects():
     20-step tiny run on 2 cores), as do the evals. When the run ends, one collection frees the run's own
     cycles (a model, a trainer: before the next job of a sweep in the same process starts), then the frozen
     objects go back to the collector. Nothing computed changes: the collector only ever frees unreachable
-    objects; what it skips during the run is what was alive before it."""
-    global _scopes
-    outer = _scopes == 0
-    if outer:
-        gc.freeze()
-    _scopes += 1
+    objects; what it skips during the run is what was alive before it. A process already frozen (an outer
+    run, or its own gc.freeze before forking workers) is left as it is: nothing frozen by others is unfrozen."""
+    if gc.get_freeze_count():
+        yield
+        return
+    gc.freeze()
     try:
         yield
     finally:
-        _scopes -= 1
-        if outer:
-            gc.collect()  # the run's objects only: the permanent generation is not scanned
-            gc.unfreeze()
+        gc.collect()  # the run's objects only: the permanent generation is not scanned
+        gc.unfreeze()
 
 
 def _stages(plan: Plan, run: RunDir, parent_s: float, dumps) -> dict | None:

@@ -23,9 +23,15 @@ def cycle() -> weakref.ref:
 
 @pytest.fixture(autouse=True)
 def unfrozen():
+    """No automatic collection during a test (only the explicit ones decide what is freed when), and an
+    unfrozen process before and after it."""
     assert gc.get_freeze_count() == 0, "the test process is frozen already"
+    was_enabled = gc.isenabled()
+    gc.disable()
     yield
     gc.unfreeze()
+    if was_enabled:
+        gc.enable()
 
 
 def test_a_collection_during_the_run_skips_what_was_alive_before_it():
@@ -70,3 +76,11 @@ def test_a_failing_run_unfreezes():
     assert leftover() is None
     with run_objects():  # and the next run freezes again
         assert gc.get_freeze_count() > 0
+
+
+def test_a_process_frozen_by_someone_else_stays_frozen():
+    gc.freeze()  # e.g. a launcher that froze its objects before forking workers
+    frozen = gc.get_freeze_count()
+    with run_objects():
+        pass
+    assert gc.get_freeze_count() == frozen, "the run unfroze objects it did not freeze"
