@@ -83,8 +83,26 @@ def drop_paths(config: dict, paths: list[str]) -> dict:
     return out
 
 
+#: Fields added after runs existed whose null value is the behaviour those runs had: left out of both hashes while
+#: null, so every existing run keeps its identity and its run name (a run dir is found by it); set, they count.
+OMIT_WHEN_NULL = ("model.min_pixels", "model.max_pixels", "budget.sft_warm_start_max_length")
+
+
+def _null_paths(config: dict) -> list[str]:
+    out = []
+    for path in OMIT_WHEN_NULL:
+        node: Any = config
+        for part in path.split("."):
+            node = node.get(part, None) if isinstance(node, dict) else None
+        if node is None:
+            out.append(path)
+    return out
+
+
 def config_hashes(config: dict, non_semantic: list[str]) -> tuple[str, str]:
-    """(config_sha256, semantic_sha256) of a resolved config given as JSON."""
+    """(config_sha256, semantic_sha256) of a resolved config given as JSON (OMIT_WHEN_NULL fields left out while
+    null)."""
+    config = drop_paths(config, _null_paths(config))
     return sha256_text(canonical_json(config)), sha256_text(canonical_json(drop_paths(config, non_semantic)))
 
 

@@ -44,6 +44,10 @@ def execute(plan: Plan) -> int:
                                    "plan it with harness.cli.compose_plan(argv), or set arm.teacher=run:<run_name>")])
     t0 = time.perf_counter()
     todo = _status(plan.run_dir) != "completed"
+    if todo:
+        from harness.stages.preflight import check_loadable
+
+        check_loadable(plan)  # a checkpoint whose processor cannot be built: refused before any run dir is claimed
     ran_parent = todo and (plan.parent is not None or plan.teacher is not None)
     for role, before in (("the SFT warm start", plan.parent), ("the teacher", plan.teacher)):
         if todo and before is not None:
@@ -233,6 +237,11 @@ def _stages(plan: Plan, run: RunDir, parent_s: float, dumps) -> dict | None:
     clock.lap("data")
     policy = policy_stage.build(plan, run.manifest["identity"]["model"], corpus(data.train_rows + data.test_rows),
                                 str(run.path))
+    from harness.stages.preflight import describe, model_context, prompt_lengths
+
+    lengths = prompt_lengths(plan, data, policy.processor, model_context(policy.model))
+    log.info("%s", describe(lengths, plan))
+    run.update(prompt_lengths=lengths)
     clock.lap("model")
     parent = plan.parent and {"run_name": plan.parent.run_name, "run_dir": plan.parent.run_dir,
                               "semantic_sha256": plan.parent.identity["semantic_sha256"]}

@@ -35,7 +35,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from arms import registry
 from harness import identity as ident
-from harness.config.checks import find_cached_snapshot, run_checks
+from harness.config.checks import checkpoint_path, run_checks
 from harness.config.schema import Config, Source, SyntheticData
 from harness.config.store import TEACHER_SUFFIX, WARM_START_SUFFIX
 from harness.data.spec import synthetic_args
@@ -111,14 +111,15 @@ def build_plan(cfg: DictConfig | Config, choices: Mapping[str, Any] | None = Non
     config = ident.to_jsonable(typed)
     non_semantic = ident.non_semantic_paths(typed) + irrelevant_to_arm(typed)
     config_sha, semantic_sha = ident.config_hashes(config, non_semantic)
-    run_name = make_run_name(typed, semantic_sha)
+    model_identity = planned_model_identity(typed)
+    run_name = make_run_name(typed, semantic_sha, model_identity.get("files_sha256"))
     run_dir = os.path.abspath(os.path.join(typed.output_root, "runs", run_name))
     identity = {
         "config_sha256": config_sha,
         "semantic_sha256": semantic_sha,
         "non_semantic_fields": non_semantic,
         "data": planned_data_identity(typed),
-        "model": planned_model_identity(typed),
+        "model": model_identity,
         **typed.arm.extra_identity(typed),  # e.g. opd's teacher
         **(process_identity or {"code": ident.code_identity(), "environment": ident.environment_identity()}),
     }
@@ -149,9 +150,10 @@ def sft_parent(cfg: Config, overrides: list[str], process_identity: dict | None 
     seed, ...) with arm=sft, capped by budget.sft_warm_start_steps; None for every other plan."""
     if not registry()[cfg.arm.name].rl or cfg.arm.init != "sft":
         return None
-    steps = cfg.budget.sft_warm_start_steps
+    steps, max_length = cfg.budget.sft_warm_start_steps, cfg.budget.sft_warm_start_max_length
+    length = [f"arm.max_length={max_length}"] if max_length is not None else []
     return _derived_plan(overrides, _not_for_warm_start, WARM_START_SUFFIX,
-                         ["arm=sft", f"budget.max_steps={steps}", f"train.save_steps={steps}"], process_identity,
+                         ["arm=sft", f"budget.max_steps={steps}", f"train.save_steps={steps}", *length], process_identity,
                          whose="the SFT warm start of this run (arm.init=sft)", arm="sft",
                          other="or set arm.init=scratch or a policy path")
 
@@ -230,7 +232,8 @@ def irrelevant_to_arm(cfg: Config) -> list[str]:
     """
     if registry()[cfg.arm.name].rl:
         return ["budget.max_loss_tokens"]
-    return ["budget.max_completion_tokens", "budget.sft_warm_start_steps", "rollout", "reward", "train.eval_before"]
+    return ["budget.max_completion_tokens", "budget.sft_warm_start_steps", "budget.sft_warm_start_max_length", "rollout",
+            "reward", "train.eval_before"]
 
 
 def _to_typed(cfg: DictConfig | Config) -> Config:
@@ -256,10 +259,13 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text)
 
 
-def make_run_name(cfg: Config, semantic_sha: str) -> str:
+def make_run_name(cfg: Config, semantic_sha: str, model_files_sha: str | None = None) -> str:
     """Deterministic: the same command finds the same run dir, and every rank agrees on it."""
     lora = [cfg.model.tuning.value] if cfg.model.tuning.value != "full" else []  # a LoRA run says so in its name
-    parts = (cfg.arm.name, cfg.model.name, *lora, cfg.data.name, f"s{cfg.seed}", semantic_sha[:RUN_NAME_HASH_LEN])
+    model = cfg.model.name
+    if cfg.model.source is Source.pretrained and model_files_sha:  # another checkpoint is another run, not a resume
+        model = f"{model}_{model_files_sha[:RUN_NAME_HASH_LEN]}"
+    parts = (cfg.arm.name, model, *lora, cfg.data.name, f"s{cfg.seed}", semantic_sha[:RUN_NAME_HASH_LEN])
     return "-".join(_slug(p) for p in parts)
 
 
@@ -289,15 +295,20 @@ def planned_model_identity(cfg: Config) -> dict:
         spec = {"family": m.family.value, "patch_size": m.patch_size, "is_vlm": m.is_vlm,
                 "tiny": ident.to_jsonable(m.tiny)}
         return {"kind": "tiny", "spec_sha256": ident.sha256_text(ident.canonical_json(spec)), "files_sha256": None}
-    path = m.path or (str(find_cached_snapshot(m.hub_id)) if m.hub_id else None)
-    cfg_json = os.path.join(path, "config.json") if path else None
+    from harness.models.pretrained import checkpoint_identity, read_checkpoint
+
+    path = checkpoint_path(m)  # run_checks refused a missing or unloadable one
+    found = checkpoint_identity(path)
+    info, _ = read_checkpoint(path)
     return {
         "kind": "pretrained",
-        "hub_id": m.hub_id,
+        "hub_id": m.hub_id if not m.path else None,  # model.path wins: the hub id then names nothing loaded
         "path": path,
-        "revision": os.path.basename(path) if path and not m.path else None,
-        "config_sha256": ident.sha256_file(cfg_json) if cfg_json and os.path.isfile(cfg_json) else None,
-        "files_sha256": None,
+        "revision": os.path.basename(path) if not m.path else None,
+        "config_sha256": found["files"].get("config.json", {}).get("sha256"),
+        "model_type": info.model_type,
+        "files_sha256": found["files_sha256"],
+        "files": found["files"],
     }
 
 

@@ -95,10 +95,17 @@ def final_policy_identity(run_dir: str | Path) -> dict:
     return out
 
 
-def eos_token_ids(processor) -> list[int]:
-    """The ids that end a completion: Qwen's <|im_end|> when the vocabulary has it, else the EOS token."""
+def eos_token_ids(processor, model=None) -> list[int]:
+    """The ids that end a completion: Qwen's <|im_end|> when the vocabulary has it, else the EOS token; then every
+    EOS id the model's generation config declares (a released Qwen-VL: [<|im_end|>, <|endoftext|>]), as TRL
+    stops on them too."""
     tok = getattr(processor, "tokenizer", processor)
-    return [tok.convert_tokens_to_ids("<|im_end|>")] if "<|im_end|>" in tok.get_vocab() else [tok.eos_token_id]
+    out = [tok.convert_tokens_to_ids("<|im_end|>")] if "<|im_end|>" in tok.get_vocab() else [tok.eos_token_id]
+    declared = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    for i in [declared] if isinstance(declared, int) else (declared or []):
+        if i not in out:
+            out.append(i)
+    return out
 
 
 def device_of(plan) -> str:
@@ -125,33 +132,61 @@ def build_base(plan, corpus: list[str]) -> tuple[str, dict]:
     return path, dict(plan.identity["model"])
 
 
-def load_policy(path: str | Path, *, base_path: str | None = None, trainable: bool = True):
-    """(model, processor) from a saved policy: a full model dir, or a PEFT adapter over `base_path`."""
-    import harness.models  # noqa: F401  (registers the image-only processor with AutoProcessor)
-    from transformers import AutoProcessor
+def load_policy(path: str | Path, *, base_path: str | None = None, trainable: bool = True,
+                model_cfg: dict | None = None):
+    """(model, processor) from a saved policy: a full model dir, or a PEFT adapter over `base_path`.
 
+    `model_cfg` (the plan's config["model"]): the weights' dtype and attention backend, and the processor's
+    model.min_pixels / model.max_pixels; without it, the checkpoint's own (`dtype="auto"`)."""
     path = Path(path)
+    m = model_cfg or {}
     if (path / "adapter_config.json").is_file():
         from peft import PeftModel
 
         base = base_path or read_json(path / POLICY_MANIFEST)["base_path"]
-        model = _auto_model(base)
+        model = _auto_model(base, m)
         model = PeftModel.from_pretrained(model, str(path), is_trainable=trainable)
     else:
-        model = _auto_model(str(path))
-    processor = AutoProcessor.from_pretrained(str(path if (path / "tokenizer_config.json").exists() else base_path))
+        base = base_path
+        model = _auto_model(str(path), m)
+    processor = load_processing(path if (path / "tokenizer_config.json").exists() else Path(base), m)
     return model, processor
 
 
-def _auto_model(path: str):
+def load_processing(path: Path, m: dict):
+    """The processor (a tokenizer for text-only models) saved in `path`: the tiny models' HarnessVLProcessor
+    through AutoProcessor, a real checkpoint's through harness.models.pretrained (image-only without torchvision)."""
+    import harness.models  # noqa: F401  (registers the image-only processor with AutoProcessor)
+    from harness.models.pretrained import is_harness_processor, load_processor, pixel_kwargs, set_pixels
+
+    pixels = pixel_kwargs(m.get("min_pixels"), m.get("max_pixels"))
+    if is_harness_processor(path) or not _is_vlm_dir(path):
+        from transformers import AutoProcessor
+
+        processor = AutoProcessor.from_pretrained(str(path))
+        if pixels and hasattr(processor, "image_processor"):
+            set_pixels(processor.image_processor, **pixels)
+        if not hasattr(processor, "image_processor"):
+            processor.padding_side = "left"  # a tokenizer: generation pads prompts on the left
+        return processor
+    return load_processor(path, is_vlm=True, **pixels)
+
+
+def _is_vlm_dir(path: Path) -> bool:
+    return (path / "preprocessor_config.json").is_file() or (path / "processor_config.json").is_file()
+
+
+def _auto_model(path: str, m: dict | None = None):
     import json
 
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
+    m = m or {}
     cfg = json.loads((Path(path) / "config.json").read_text())
     is_vlm = "vision_config" in cfg
     cls = AutoModelForImageTextToText if is_vlm else AutoModelForCausalLM
-    return cls.from_pretrained(path, dtype="auto")
+    kw = {"attn_implementation": m["attn_implementation"]} if m.get("attn_implementation") else {}
+    return cls.from_pretrained(path, dtype=m.get("dtype") or "auto", **kw)
 
 
 def apply_tuning(model, plan):

@@ -57,7 +57,7 @@ def adapter_base(model_cfg: dict, train_cfg: dict, base_path: str) -> dict:
         pushed = train_cfg.get("push_to_hub") and train_cfg.get("hub_model_id")
         return {"base_model_name_or_path": train_cfg["hub_model_id"] if pushed else ".", "embed": True,
                 "portable": True, "note": "the tiny base is stored in this folder (config.json, model.safetensors)"}
-    if model_cfg.get("hub_id"):
+    if model_cfg.get("hub_id") and not model_cfg.get("path"):  # found in the HF cache under that id
         return {"base_model_name_or_path": model_cfg["hub_id"], "embed": False, "portable": True,
                 "note": f"the base is the Hugging Face model {model_cfg['hub_id']}"}
     return {"base_model_name_or_path": base_path, "embed": False, "portable": False,
@@ -65,10 +65,47 @@ def adapter_base(model_cfg: dict, train_cfg: dict, base_path: str) -> dict:
                     "to name a hub model"}
 
 
+#: A real checkpoint's processor and tokenizer files: a final policy carries the checkpoint's own, so it loads
+#: wherever the checkpoint loads (with torchvision, AutoProcessor builds the stock Qwen-VL processor from them).
+PROCESSOR_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "special_tokens_map.json",
+                   "added_tokens.json", "preprocessor_config.json", "video_preprocessor_config.json",
+                   "processor_config.json", "chat_template.json", "chat_template.jinja")
+
+
+def copy_checkpoint_processor(folder: Path, base_path: str, model_cfg: dict) -> list[str]:
+    """Replace the processor files the Trainer saved in `folder` by the checkpoint's own (a pretrained model):
+    the image-only processor the harness builds without torchvision saves transformers 5's form without a video
+    processor, which the stock AutoProcessor cannot rebuild. model.min_pixels / max_pixels, when set, go into
+    preprocessor_config.json (what the policy was trained with). Returns the files copied."""
+    base = Path(base_path)
+    for name in PROCESSOR_FILES:
+        if (folder / name).is_file():
+            (folder / name).unlink()
+    copied = []
+    for name in PROCESSOR_FILES:
+        if (base / name).is_file():
+            atomic_write_bytes(folder / name, (base / name).read_bytes())
+            copied.append(name)
+    pre = folder / "preprocessor_config.json"
+    pixels = {k: model_cfg.get(k) for k in ("min_pixels", "max_pixels") if model_cfg.get(k) is not None}
+    if pixels and pre.is_file():
+        cfg = read_json(pre)
+        if isinstance(cfg.get("size"), dict):
+            cfg["size"].update({{"min_pixels": "shortest_edge", "max_pixels": "longest_edge"}[k]: v
+                                for k, v in pixels.items()})
+        for k, v in pixels.items():
+            if k in cfg or not isinstance(cfg.get("size"), dict):
+                cfg[k] = v
+        atomic_write_json(pre, cfg)
+    return copied
+
+
 def make_portable(folder: Path, *, model_cfg: dict, train_cfg: dict, base_path: str) -> dict:
-    """Ship the processor code and, for an adapter, name (or embed) its base; what harness_policy.json records
-    under `portable` (and `base_files`)."""
+    """Ship the processor code (or a real checkpoint's own processor files) and, for an adapter, name (or embed)
+    its base; what harness_policy.json records under `portable` (and `base_files`)."""
     out = {"processor_code": ship_processor_code(folder), "base_files": []}
+    if model_cfg.get("source") == "pretrained":
+        out["processor_files"] = copy_checkpoint_processor(folder, base_path, model_cfg)
     adapter_cfg = folder / "adapter_config.json"
     if not adapter_cfg.is_file():
         return out

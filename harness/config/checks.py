@@ -100,10 +100,56 @@ def hf_cache_dir() -> Path:
 
 
 def find_cached_snapshot(hub_id: str) -> Path | None:
-    """The newest snapshot of `hub_id` in the local HF cache, without importing huggingface_hub."""
-    snaps = hf_cache_dir() / ("models--" + hub_id.replace("/", "--")) / "snapshots"
+    """The snapshot of `hub_id` in the local HF cache that refs/main names (else the newest), without importing
+    huggingface_hub."""
+    repo = hf_cache_dir() / ("models--" + hub_id.replace("/", "--"))
+    snaps = repo / "snapshots"
+    try:
+        main = (repo / "refs" / "main").read_text().strip()
+    except OSError:
+        main = ""
+    if main and (snaps / main / "config.json").exists():
+        return snaps / main
     found = [p for p in snaps.glob("*") if (p / "config.json").exists()] if snaps.is_dir() else []
     return max(found, key=lambda p: p.stat().st_mtime) if found else None
+
+
+def checkpoint_path(m) -> str | None:
+    """Where a pretrained model's files are: model.path, else model.hub_id's snapshot in the local HF cache."""
+    if m.path:
+        return m.path
+    snap = find_cached_snapshot(m.hub_id) if m.hub_id else None
+    return str(snap) if snap else None
+
+
+def check_checkpoint(cfg: Config, out: Findings) -> None:
+    """A pretrained model: the checkpoint exists, holds what the harness loads (config, weights, tokenizer, image
+    processor, chat template) and agrees with model.family / is_vlm / patch_size (harness.models.pretrained)."""
+    from harness.models.pretrained import checkpoint_problems
+
+    m = cfg.model
+    if not m.path and not m.hub_id:
+        out.error("model.path", None, "source=pretrained needs a checkpoint", "set model.path or model.hub_id")
+        return
+    path = checkpoint_path(m)
+    if path is None:
+        out.error("model.hub_id", m.hub_id,
+                  f"is not in the local Hugging Face cache ({hf_cache_dir()}); nothing is downloaded at run time",
+                  "set model.path=/path/to/checkpoint, or put the checkpoint in the HF cache (HF_HOME)")
+        return
+    info, problems = checkpoint_problems(path, family=m.family.value, is_vlm=m.is_vlm, patch_size=m.patch_size)
+    lo, hi = m.min_pixels or info.min_pixels, m.max_pixels or info.max_pixels
+    if lo and hi and lo > hi and not (m.min_pixels and m.max_pixels):  # both set: check_model says so
+        which, value, other = (("model.max_pixels", m.max_pixels, f"the checkpoint's min_pixels ({lo})")
+                               if m.max_pixels else ("model.min_pixels", m.min_pixels,
+                                                     f"the checkpoint's max_pixels ({hi})"))
+        out.error(which, value, f"conflicts with {other}: the image processor would enlarge small images past it",
+                  "set model.min_pixels and model.max_pixels together (min <= max)")
+    for field_, why, fix in problems:
+        value = m.path if field_ == "model.path" else getattr(m, field_.split(".", 1)[1])
+        if field_ == "model.path" and not m.path:
+            field_, value, why = "model.hub_id", m.hub_id, f"its cached snapshot {path} {why}"
+        out.error(field_, getattr(value, "value", value), why, fix)
 
 
 def check_model(cfg: Config, out: Findings) -> None:
@@ -122,17 +168,10 @@ def check_model(cfg: Config, out: Findings) -> None:
             out.warn("model.tuning=lora on a tiny random model: measured, LoRA on a random base keeps the sampled "
                      "distribution near flat and GRPO gets no reward signal; use model.tuning=full")
     else:
-        if m.path:
-            if not (Path(m.path) / "config.json").is_file():
-                out.error("model.path", m.path, "is not a checkpoint directory (no config.json there)",
-                          "point model.path at a local Hugging Face checkpoint directory")
-        elif m.hub_id:
-            if find_cached_snapshot(m.hub_id) is None:
-                out.error("model.hub_id", m.hub_id,
-                          f"is not in the local Hugging Face cache ({hf_cache_dir()}); nothing is downloaded at run time",
-                          "set model.path=/path/to/checkpoint, or put the checkpoint in the HF cache (HF_HOME)")
-        else:
-            out.error("model.path", None, "source=pretrained needs a checkpoint", "set model.path or model.hub_id")
+        check_checkpoint(cfg, out)
+    if m.min_pixels and m.max_pixels and m.min_pixels > m.max_pixels:
+        out.error("model.min_pixels", m.min_pixels, f"is above model.max_pixels ({m.max_pixels})",
+                  "lower model.min_pixels or raise model.max_pixels")
     expected_patch = 16 if m.family is Family.qwen3_vl else 14
     if m.is_vlm and m.patch_size != expected_patch:
         out.warn(f"model.patch_size={m.patch_size} but {m.family.value} uses {expected_patch}-pixel patches")
@@ -241,6 +280,9 @@ def check_rollout_and_placement(cfg: Config, out: Findings) -> None:
         out.error("placement.device", p.device, "must be auto, cpu or cuda", "use placement.device=auto")
     elif p.device == "cuda" and not cuda_visible():
         out.error("placement.device", p.device, "no CUDA device is visible", "use placement.device=auto or cpu")
+    elif cfg.model.dtype.value != "float32" and (p.device == "cpu" or (p.device == "auto" and not cuda_visible())):
+        out.warn(f"model.dtype={cfg.model.dtype.value} on the CPU: the weights train in {cfg.model.dtype.value} without "
+                 "autocast (slow, and the optimizer's updates round away); for a CPU check use model.dtype=float32")
     check_sharded_placement(cfg, out)
     if cfg.train.eval_steps and (p.kind is PlacementKind.fsdp or p.zero_stage == 3):
         out.error("train.eval_steps", cfg.train.eval_steps, f"a periodic eval generates on rank 0 alone, and "

@@ -69,6 +69,12 @@ class ModelConfig:
     path: Optional[str] = f(None, "local checkpoint directory; wins over hub_id", semantic=False)
     is_vlm: bool = f(True, "the model takes images (false for tiny_lm and text-only checkpoints)")
     patch_size: int = f(14, "vision patch size in pixels: 14 for Qwen2/2.5-VL, 16 for Qwen3-VL", ge=1)
+    min_pixels: Optional[int] = f(
+        None, "a resized image has at least this many pixels (the Qwen-VL image processor's min_pixels; it decides "
+        "how many image tokens an image becomes); null = the checkpoint's own", ge=1)
+    max_pixels: Optional[int] = f(
+        None, "a resized image has at most this many pixels (the Qwen-VL image processor's max_pixels); null = the "
+        "checkpoint's own", ge=1)
     tuning: Tuning = f(Tuning.full, "full fine-tuning (tiny random models) or lora (real checkpoints)")
     lora_r: int = f(16, "LoRA rank (tuning=lora)", ge=1)
     lora_alpha: int = f(32, "LoRA alpha; the update is scaled by alpha/r", ge=1)
@@ -183,6 +189,7 @@ class BudgetConfig:
     max_loss_tokens: int = f(MISSING, "SFT: loss-bearing tokens a run may train on (longest prefix of one epoch that fits)", ge=1)
     max_steps: int = f(MISSING, "optimizer steps at most: a safety cap above the token budget (set it so the budget binds, or a comparison is bound by steps)", ge=1)
     sft_warm_start_steps: int = f(150, "RL arms with arm.init=sft: optimizer steps of the SFT warm start (capped by steps, not seconds)", ge=1)
+    sft_warm_start_max_length: Optional[int] = f(None, "RL arms with arm.init=sft: the warm start's arm.max_length (tokens per SFT row: prompt with its image tokens + answer); null = conf/arm/sft.yaml's. Raise it for large images (harness's prompt preflight says how far)", ge=8)
     stop_after_steps: Optional[int] = f(None, "pause: stop after this optimizer step with a checkpoint (status paused, exit 0); the same command without it continues to the planned end", semantic=False, ge=1)
 
 

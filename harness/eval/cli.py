@@ -166,9 +166,10 @@ def evaluate(job: SimpleNamespace) -> dict:
     c, ident = job.config, job.manifest["identity"]
     root = getattr(job, "data_root", None) or check_data(job)
     rows = eval_rows(load_split(root, job.split), job.max_items)
-    model, processor = load_policy(job.policy_path, base_path=ident["model"].get("base_path"), trainable=False)
+    model, processor = load_policy(job.policy_path, base_path=ident["model"].get("base_path"), trainable=False,
+                                   model_cfg=c["model"])
     imagecache.install(processor, c["model"].get("image_cache_mb", 0))  # runs planned before the field: off
-    from harness.stages.policy import fast_vision
+    from harness.stages.policy import fast_vision, rows_past_the_tokenizer
 
     fast_vision(model, processor, c["model"])  # the same, bit for bit, in a no-grad eval; runs planned before the fields: off
     plan = SimpleNamespace(run_name=job.manifest["run_name"], identity=ident, config=c)
@@ -176,7 +177,8 @@ def evaluate(job: SimpleNamespace) -> dict:
     return run_eval(model, processor, root, rows, plan=plan, run_dir=job.run_dir, split=job.split, label=job.label,
                     policy=str(job.policy_path.relative_to(job.run_dir)), reward_cfg=reward_config(c["reward"]),
                     is_vlm=c["model"]["is_vlm"], max_new_tokens=job.max_new_tokens, batch_size=job.batch_size,
-                    suppress_token_ids=special_token_ids_to_suppress(processor), eos_token_ids=eos_token_ids(processor),
+                    suppress_token_ids=special_token_ids_to_suppress(processor) + rows_past_the_tokenizer(model, processor),
+                    eos_token_ids=eos_token_ids(processor, model),
                     extra={"policy_sha256": job.policy_sha256, "max_items": job.max_items,
                            "evaluated_by": {"command": "harness.eval", "code": code_identity()}})
 

@@ -33,6 +33,25 @@ def _messages(row: dict, is_vlm: bool) -> list[dict]:
     return [{"role": "user", "content": content}]
 
 
+#: What generate() would otherwise take from the checkpoint's generation_config.json: transformers fills every
+#: generation argument not passed from the model's own config (an instruct checkpoint ships repetition_penalty
+#: 1.05, which would reach "greedy"), so each logits-changing one is passed at its neutral value. The sampling
+#: ones (temperature, top_k, top_p, ...) do nothing under do_sample=False.
+_NEUTRAL = {"repetition_penalty": 1.0, "encoder_repetition_penalty": 1.0, "no_repeat_ngram_size": 0, "min_length": 0,
+            "min_new_tokens": None, "bad_words_ids": None, "begin_suppress_tokens": None, "forced_bos_token_id": None,
+            "forced_eos_token_id": None, "sequence_bias": None, "num_beams": 1, "num_return_sequences": 1,
+            "renormalize_logits": False, "exponential_decay_length_penalty": None}
+
+
+def neutral_generation_kwargs(model) -> dict:
+    """The decoding arguments the model's generation config sets away from neutral, set back: greedy decoding is
+    the argmax at every step, whatever checkpoint it is."""
+    own = getattr(model, "generation_config", None)
+    if own is None:
+        return {}
+    return {k: v for k, v in _NEUTRAL.items() if getattr(own, k, None) not in (None, v)}
+
+
 def generate_greedy(model, processor, root: Path, rows: list[dict], *, is_vlm: bool, max_new_tokens: int,
                     batch_size: int, suppress_token_ids: list[int], eos_token_ids: list[int]):
     """Yield (row, completion text, completion ids, truncated) for every row, in order."""
@@ -44,6 +63,7 @@ def generate_greedy(model, processor, root: Path, rows: list[dict], *, is_vlm: b
     model.eval()
     device = next(model.parameters()).device
     eos = set(eos_token_ids)
+    neutral = neutral_generation_kwargs(model)
     try:
         for start in range(0, len(rows), batch_size):
             batch = rows[start:start + batch_size]
@@ -58,7 +78,7 @@ def generate_greedy(model, processor, root: Path, rows: list[dict], *, is_vlm: b
             with torch.no_grad():
                 out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False,
                                      suppress_tokens=suppress_token_ids or None, pad_token_id=tok.pad_token_id,
-                                     eos_token_id=list(eos))
+                                     eos_token_id=list(eos), **neutral)
             for row, seq in zip(batch, out[:, inputs["input_ids"].shape[1]:].tolist()):
                 ids, truncated = cut_at_eos(seq, eos)
                 yield row, tok.decode(ids, skip_special_tokens=True), ids, truncated

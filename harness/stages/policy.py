@@ -46,10 +46,20 @@ def build(plan, recorded: dict, corpus: list[str], run_dir: str) -> Policy:
                                   "the model files changed since this run started; restore them, or start a new "
                                   "run (another output_root)")
     init = init_of(plan, base_path)
-    model, processor = load_policy(init["path"], base_path=base_path)
+    model, processor = load_policy(init["path"], base_path=base_path, model_cfg=plan.config["model"])
     imagecache.install(processor, plan.config["model"]["image_cache_mb"])
     fast_vision(model, processor, plan.config["model"])
     model = apply_tuning(model, plan)
     model.to(device_of(plan))
-    return Policy(model, processor, base_path, base_ident, init, special_token_ids_to_suppress(processor),
-                  eos_token_ids(processor))
+    suppress = special_token_ids_to_suppress(processor) + rows_past_the_tokenizer(model, processor)
+    return Policy(model, processor, base_path, base_ident, init, suppress, eos_token_ids(processor, model))
+
+
+def rows_past_the_tokenizer(model, processor) -> list[int]:
+    """Output rows no token of the tokenizer has: a released Qwen checkpoint pads its 151,665 tokens to 151,936
+    rows. They are never sampled (a trained model gives them ~no mass; a random one would sample ids that decode
+    to nothing)."""
+    tok = getattr(processor, "tokenizer", processor)
+    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    rows = getattr(cfg, "vocab_size", None) or 0
+    return list(range(len(tok), rows))

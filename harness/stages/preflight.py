@@ -1,0 +1,222 @@
+"""Before any model step: can the checkpoint's processor be built, and does every prompt fit?
+
+- `check_loadable(plan)`: a pretrained checkpoint's processor (tokenizer, image processor, chat template) is built
+  before any run dir is claimed (the warm start's included); a failure is a ConfigError naming model.path, not a
+  traceback after the warm start started.
+- `prompt_lengths(plan, data, processor)`: every training and evaluated prompt's token count with its image tokens,
+  as the checkpoint's processor makes them (the chat template, the tokenizer, the Qwen-VL resize rule with
+  model.min_pixels / max_pixels), memoized per dataset digest and processor under `<output_root>/cache/preflight`.
+  Refused (ConfigError naming the knob, exit 2) before the first training step, with the count, the worst item and the fix:
+  an RL prompt whose tokens plus arm.max_completion_length exceed the model's context, an eval prompt plus
+  train.eval_max_new_tokens likewise, an SFT row (prompt + answer) that reaches arm.max_length (TRL would cut it,
+  through its image tokens or its answer). The summary (min / median / max tokens, image tokens per image) is
+  printed and recorded in the run manifest (`prompt_lengths`). This is what TRL and verl users meet later as
+  "Image features and image tokens do not match".
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import statistics
+from pathlib import Path
+
+from harness.errors import ConfigError, Problem
+
+log = logging.getLogger("harness")
+PREFLIGHT_VERSION = 1
+_LOADED: dict[tuple, object] = {}
+
+
+def check_loadable(plan) -> None:
+    """Build a pretrained checkpoint's processor once per process (kept for the policy stage's reuse)."""
+    m = plan.config["model"]
+    if m["source"] != "pretrained":
+        return
+    path = plan.identity["model"]["path"]
+    key = (path, m.get("min_pixels"), m.get("max_pixels"))
+    if key in _LOADED:
+        return
+    from harness.policy import load_processing
+
+    try:
+        _LOADED[key] = load_processing(Path(path), m)
+    except Exception as err:  # noqa: BLE001  (any loader failure: say which checkpoint and why, not a traceback)
+        field = "model.path" if m.get("path") else "model.hub_id"
+        raise ConfigError([Problem(field, m.get("path") or m.get("hub_id"),
+                                   f"its processor cannot be built ({type(err).__name__}: {str(err).strip()[:400]})",
+                                   "restore the checkpoint's tokenizer and processor files (tokenizer.json, "
+                                   "tokenizer_config.json, preprocessor_config.json, chat_template.json), or use "
+                                   "another checkpoint")]) from err
+
+
+# --- prompt lengths
+
+
+def model_context(model) -> int | None:
+    """The positions the language model was built for (max_position_embeddings of its text config)."""
+    cfg = getattr(model, "config", None)
+    text = cfg.get_text_config() if cfg is not None and hasattr(cfg, "get_text_config") else cfg
+    return getattr(text, "max_position_embeddings", None)
+
+
+def _messages(row: dict, is_vlm: bool, completion: str | None = None) -> list[dict]:
+    from harness.answers import prompt_text
+
+    text = prompt_text(row)
+    out = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": text}] if is_vlm else text}]
+    if completion is not None:
+        out.append({"role": "assistant", "content": completion})
+    return out
+
+
+def _tokenizer(processor):
+    return getattr(processor, "tokenizer", processor)
+
+
+def _key(plan, data, processor) -> str:
+    m = plan.config["model"]
+    tok = _tokenizer(processor)
+    ip = getattr(processor, "image_processor", None)
+    parts = {"v": PREFLIGHT_VERSION, "data": data.content_sha256, "template": getattr(processor, "chat_template", None)
+             or tok.chat_template, "vocab": len(tok), "tok": type(tok).__name__,
+             "ip": ip and {k: getattr(ip, k, None) for k in ("patch_size", "merge_size")},
+             "size": ip and dict(ip.size), "pixels": [m.get("min_pixels"), m.get("max_pixels")],
+             "splits": [plan.config["data"]["train_split"], plan.config["data"]["eval_split"],
+                        plan.config["data"]["eval_max_items"]], "seed": plan.config["seed"], "kind": plan.kind}
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:24]
+
+
+def count_tokens(processor, root: Path, rows: list[dict], *, is_vlm: bool, completions: list[str] | None = None):
+    """Per row: (tokens of the rendered prompt (+ completion) with every image pad expanded, image tokens)."""
+    from PIL import Image
+
+    from harness.models.pretrained import image_tokens
+
+    tok = _tokenizer(processor)
+    texts = [processor.apply_chat_template(_messages(r, is_vlm, None if completions is None else completions[i]),
+                                           add_generation_prompt=completions is None, tokenize=False)
+             for i, r in enumerate(rows)]
+    lengths = [len(ids) for ids in tok(texts, add_special_tokens=False)["input_ids"]]
+    if not is_vlm:
+        return [(n, 0) for n in lengths]
+    ip = processor.image_processor
+    bounds = dict(patch_size=ip.patch_size, merge_size=ip.merge_size, min_pixels=ip.size["shortest_edge"],
+                  max_pixels=ip.size["longest_edge"])
+    sizes: dict[str, int] = {}
+    out = []
+    for r, n in zip(rows, lengths):
+        extra = 0
+        for img in r["images"]:
+            key = img.get("sha256") or img["path"]
+            if key not in sizes:
+                with Image.open(root / img["path"]) as im:
+                    w, h = im.size
+                sizes[key] = image_tokens(h, w, **bounds)
+            extra += sizes[key]
+        out.append((n - len(r["images"]) + extra, extra // max(1, len(r["images"]))))
+    return out
+
+
+def _stats(values: list[int]) -> dict:
+    return {"min": min(values), "median": statistics.median_low(values), "max": max(values)} if values else {}
+
+
+def _measure(plan, data, processor) -> dict:
+    from harness.answers import format_answer
+    from harness.data import row_key
+
+    is_vlm = plan.config["model"]["is_vlm"]
+    train = count_tokens(processor, data.root, data.train_rows, is_vlm=is_vlm)
+    test = count_tokens(processor, data.root, data.test_rows, is_vlm=is_vlm)
+    out = {"train": [n for n, _ in train], "test": [n for n, _ in test],
+           "train_keys": [row_key(r) for r in data.train_rows], "test_keys": [row_key(r) for r in data.test_rows],
+           "image_tokens": sorted({k for _, k in train + test})}
+    if not plan.rl:
+        full = count_tokens(processor, data.root, data.train_rows, is_vlm=is_vlm,
+                            completions=[format_answer(r["target"]) for r in data.train_rows])
+        out["sft_rows"] = [n for n, _ in full]
+    return out
+
+
+def prompt_lengths(plan, data, processor, context: int | None) -> dict:
+    """Measure (memoized), check and summarize; raises ConfigError when a prompt does not fit."""
+    from harness.rundir import atomic_write_json
+
+    cache = Path(plan.config["output_root"]) / "cache" / "preflight"
+    path = cache / f"{_key(plan, data, processor)}.json"
+    try:
+        measured = json.loads(path.read_text())
+    except (OSError, ValueError):
+        measured = _measure(plan, data, processor)
+        try:
+            cache.mkdir(parents=True, exist_ok=True)
+            atomic_write_json(path, measured)
+        except OSError as err:  # a cache that cannot be written only costs the next run this measurement
+            log.warning("preflight: could not cache the prompt lengths in %s (%s)", cache, err)
+    check(plan, data, measured, context)
+    return summary(plan, measured, context)
+
+
+def check(plan, data, measured: dict, context: int | None) -> None:
+    """ConfigError naming the knob when a prompt (or an SFT row) does not fit; the count, the worst item, the fix."""
+    c = plan.config
+    problems = []
+
+    def worst(split: str, limit: int, field: str, value, what: str, fix: str, values: list[int] | None = None):
+        values = measured[split] if values is None else values
+        over = [i for i, n in enumerate(values) if n > limit]
+        if over:
+            i = max(over, key=values.__getitem__)
+            key = measured["train_keys" if split == "train" else "test_keys"][i]
+            problems.append(Problem(field, value, f"{len(over)} of {len(values)} {what}; the longest is {values[i]} "
+                                                  f"tokens (record {key} of {data.root})", fix))
+
+    if context:
+        if plan.rl:
+            budget = c["arm"]["max_completion_length"]
+            worst("train", context - budget, "arm.max_completion_length", budget,
+                  f"training prompts plus this many sampled tokens exceed the model's context of {context} positions",
+                  "lower model.max_pixels / model.min_pixels (fewer image tokens per image) or arm.max_completion_length, or drop the "
+                  "longest records")
+        eval_new = c["train"]["eval_max_new_tokens"]
+        worst("test", context - eval_new, "train.eval_max_new_tokens", eval_new,
+              f"eval prompts plus this many generated tokens exceed the model's context of {context} positions",
+              "lower model.max_pixels or train.eval_max_new_tokens, or drop the longest records")
+    if "sft_rows" in measured:
+        max_len, need = c["arm"]["max_length"], max(measured["sft_rows"]) + 1
+        worst("train", max_len - 1, "arm.max_length", max_len,
+              "SFT rows (prompt + answer) reach it: TRL would cut them, through their answer or their image tokens",
+              f"raise arm.max_length to at least {need} (the SFT warm start of an RL arm: "
+              f"budget.sft_warm_start_max_length={need}), or lower model.max_pixels / model.min_pixels",
+              measured["sft_rows"])
+    if problems:
+        raise ConfigError(problems)
+
+
+def summary(plan, measured: dict, context: int | None) -> dict:
+    out = {"train": {"n": len(measured["train"]), **_stats(measured["train"])},
+           "eval": {"n": len(measured["test"]), **_stats(measured["test"])},
+           "image_tokens_per_image": measured["image_tokens"], "context": context}
+    if "sft_rows" in measured:
+        out["sft_rows"] = {"n": len(measured["sft_rows"]), **_stats(measured["sft_rows"])}
+    return out
+
+
+def describe(s: dict, plan) -> str:
+    """One line: the prompt lengths the run trains on, and how close the longest comes to a limit."""
+    def span(d: dict) -> str:
+        return f"{d['min']} tokens" if d["min"] == d["max"] else f"{d['min']}/{d['median']}/{d['max']} tokens (min/median/max)"
+
+    t, img = s["train"], s["image_tokens_per_image"]
+    parts = [f"prompts: {t['n']} train rows, {span(t)}" if t.get("n") else "prompts: no train rows"]
+    if img:
+        parts.append(f"{img[0]}{'-' + str(img[-1]) if len(img) > 1 else ''} image tokens per image")
+    if plan.rl and t.get("n"):
+        longest = t["max"] + plan.config["arm"]["max_completion_length"]
+        ctx = f" of the model's {s['context']} positions" if s.get("context") else ""
+        parts.append(f"longest + arm.max_completion_length = {longest}{ctx}")
+    if "sft_rows" in s:
+        parts.append(f"SFT rows {span(s['sft_rows'])} below arm.max_length {plan.config['arm']['max_length']}")
+    return "; ".join(parts)
