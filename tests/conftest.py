@@ -47,6 +47,22 @@ def plan_of(compose_cfg, tmp_path):
     return _plan
 
 
+@pytest.fixture(scope="session")
+def hub_snapshot(tmp_path_factory):
+    """hub_snapshot(family="qwen2_5_vl") -> a hub-layout checkpoint with random tiny weights
+    (harness.models.snapshot), built once per family and pytest session; tests that change one copy it."""
+    from harness.models.snapshot import build_snapshot
+
+    built: dict[str, Path] = {}
+
+    def _get(family: str = "qwen2_5_vl") -> Path:
+        if family not in built:
+            built[family] = build_snapshot(tmp_path_factory.mktemp("snapshots") / family, family=family)
+        return built[family]
+
+    return _get
+
+
 def run_harness(*args: str, module: str = "harness", cwd: Path | None = None, timeout: float = 120,
                 env: dict | None = None) -> subprocess.CompletedProcess:
     """`python -m <module> args...` in a subprocess, as a user would run it; `env` values of None unset a variable."""

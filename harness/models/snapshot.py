@@ -36,7 +36,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen2")  # qwen2: a text-only Qwen2.5 instruct checkpoint
 SHAPES = ("tiny", "3b")
 
 #: Qwen's added tokens in their order (ids 151643.. in the released tokenizers); True = special.
@@ -104,7 +104,7 @@ def _shape(family: str, shape: str) -> dict:
                     regular_vocab=QWEN_REGULAR_VOCAB, vocab_size=QWEN_VOCAB_SIZE, max_positions=128000)  # fmt: skip
     return dict(hidden=128, layers=4, heads=4, kv_heads=2, intermediate=256, vision_hidden=64, vision_depth=2,
                 vision_heads=4, vision_intermediate=128, fullatt=[1], regular_vocab=960, vocab_size=1024,
-                max_positions={"qwen2_vl": 32768, "qwen2_5_vl": 128000, "qwen3_vl": 262144}[family])  # fmt: skip
+                max_positions={"qwen2_vl": 32768, "qwen2_5_vl": 128000, "qwen3_vl": 262144, "qwen2": 32768}[family])  # fmt: skip
 
 
 def added_tokens(family: str) -> tuple:
@@ -176,8 +176,18 @@ def _letters(n: int) -> str:
             return s
 
 
+# Qwen2.5 instruct (text-only), without its tool-calling branch.
+QWEN2_TEMPLATE = (
+    "{%- if messages[0]['role'] == 'system' %}{{- '<|im_start|>system\n' + messages[0]['content'] + '<|im_end|>\n' }}"
+    "{%- else %}{{- '<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+    "<|im_end|>\n' }}{%- endif %}{%- for message in messages %}{%- if not (message.role == 'system' and loop.first) %}"
+    "{{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>' + '\n' }}{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}"
+)
+
+
 def _template(family: str) -> str:
-    return QWEN3_VL_TEMPLATE if family == "qwen3_vl" else QWEN2_VL_TEMPLATE
+    return {"qwen3_vl": QWEN3_VL_TEMPLATE, "qwen2": QWEN2_TEMPLATE}.get(family, QWEN2_VL_TEMPLATE)
 
 
 def _write_json(path: Path, obj) -> None:
@@ -213,6 +223,16 @@ def config_json(family: str, dims: dict, ids: dict[str, int], dtype: str) -> dic
         return {"architectures": ["Qwen3VLForConditionalGeneration"], **common_ids, "model_type": "qwen3_vl",
                 "text_config": text, "tie_word_embeddings": True, "transformers_version": "4.57.0.dev0",
                 "vision_config": vision}
+    if family == "qwen2":
+        return {"architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": ids["<|endoftext|>"],
+                "eos_token_id": ids["<|im_end|>"], "hidden_act": "silu", "hidden_size": dims["hidden"],
+                "initializer_range": 0.02, "intermediate_size": dims["intermediate"],
+                "max_position_embeddings": 32768, "max_window_layers": dims["layers"], "model_type": "qwen2",
+                "num_attention_heads": dims["heads"], "num_hidden_layers": dims["layers"],
+                "num_key_value_heads": dims["kv_heads"], "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
+                "sliding_window": 32768, "tie_word_embeddings": True, "torch_dtype": dtype,
+                "transformers_version": "4.43.1", "use_cache": True, "use_sliding_window": False,
+                "vocab_size": dims["vocab_size"]}
     t = half // 4
     section = [t, (half - t) // 2, half - t - (half - t) // 2]  # [16, 24, 24] at head_dim 128
     flat = {"architectures": [], "attention_dropout": 0.0, "bos_token_id": ids["<|endoftext|>"],
@@ -265,7 +285,7 @@ def video_preprocessor_json() -> dict:  # Qwen3-VL ships one; Qwen2/2.5-VL deriv
 
 def generation_json(family: str, ids: dict[str, int]) -> dict:
     eos = [ids["<|im_end|>"], ids["<|endoftext|>"]]
-    if family == "qwen3_vl":
+    if family in ("qwen3_vl", "qwen2"):
         return {"bos_token_id": ids["<|endoftext|>"], "pad_token_id": ids["<|endoftext|>"], "do_sample": True,
                 "eos_token_id": eos, "top_k": 20, "top_p": 0.8, "repetition_penalty": 1.0, "temperature": 0.7,
                 "transformers_version": "4.56.0"}
@@ -296,14 +316,22 @@ def _write_weights(out: Path, family: str, config: dict, *, seed: int, device: s
         model = cls(cfg).to(torch_dtype).eval()
     n = sum(p.numel() for p in model.parameters())
     # save_original_format (the default) writes the hub's names; max_shard_size splits into shards + an index
-    model.save_pretrained(out, safe_serialization=True, max_shard_size=shard_bytes)
+    from transformers.utils import logging as hf_logging
+
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        model.save_pretrained(out, safe_serialization=True, max_shard_size=shard_bytes)
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
     return n
 
 
 def _model_class(family: str):
     import transformers
 
-    return {"qwen2_vl": transformers.Qwen2VLForConditionalGeneration,
+    return {"qwen2": transformers.Qwen2ForCausalLM, "qwen2_vl": transformers.Qwen2VLForConditionalGeneration,
             "qwen2_5_vl": transformers.Qwen2_5_VLForConditionalGeneration,
             "qwen3_vl": transformers.Qwen3VLForConditionalGeneration}[family]
 
@@ -336,10 +364,14 @@ def build_snapshot(out: str | os.PathLike, *, family: str = "qwen2_5_vl", shape:
         _write_json(tmp / "config.json", config)  # the hub's layout, not transformers 5's re-serialization
         _write_json(tmp / "generation_config.json", generation_json(family, ids))
         build_tokenizer_files(tmp, family, dims["regular_vocab"])
-        _write_json(tmp / "preprocessor_config.json", preprocessor_json(family))
+        if family != "qwen2":  # a text-only checkpoint: the template lives in tokenizer_config.json only
+            _write_json(tmp / "preprocessor_config.json", preprocessor_json(family))
+            _write_json(tmp / "chat_template.json", {"chat_template": _template(family)})
         if family == "qwen3_vl":
             _write_json(tmp / "video_preprocessor_config.json", video_preprocessor_json())
-        _write_json(tmp / "chat_template.json", {"chat_template": _template(family)})
+        for p in tmp.iterdir():
+            p.chmod(0o644)  # as a hub download leaves them (safetensors writes 0600)
+        tmp.chmod(0o755)
         if out.exists():
             out.rmdir()
         os.rename(tmp, out)

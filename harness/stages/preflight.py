@@ -132,7 +132,7 @@ def _measure(plan, data, processor) -> dict:
     test = count_tokens(processor, data.root, data.test_rows, is_vlm=is_vlm)
     out = {"train": [n for n, _ in train], "test": [n for n, _ in test],
            "train_keys": [row_key(r) for r in data.train_rows], "test_keys": [row_key(r) for r in data.test_rows],
-           "image_tokens": sorted({k for _, k in train + test})}
+           "image_tokens": sorted({k for _, k in train + test}) if is_vlm else []}
     if not plan.rl:
         full = count_tokens(processor, data.root, data.train_rows, is_vlm=is_vlm,
                             completions=[format_answer(r["target"]) for r in data.train_rows])
