@@ -75,16 +75,25 @@ def _tokenizer(processor):
     return getattr(processor, "tokenizer", processor)
 
 
-def _key(plan, data, processor) -> str:
+def _tokenizer_digest(tok) -> str:
+    """What the tokenizer does (vocabulary, merges, normalizer, pre-tokenizer, added tokens), as one digest."""
+    backend = getattr(tok, "backend_tokenizer", None)
+    text = backend.to_str() if backend is not None else json.dumps(sorted(tok.get_vocab().items()))
+    return f"{type(tok).__name__}:{hashlib.sha256(text.encode()).hexdigest()}"
+
+
+def _key(plan, data, processor, part: str) -> str:
+    """The memo key of one measured part ("prompts": train and eval prompts; "sft_rows": prompt + answer): the
+    dataset's content, the processor's template, vocabulary and image bounds, the splits measured."""
     m = plan.config["model"]
     tok = _tokenizer(processor)
     ip = getattr(processor, "image_processor", None)
-    parts = {"v": PREFLIGHT_VERSION, "data": data.content_sha256, "template": getattr(processor, "chat_template", None)
-             or tok.chat_template, "vocab": len(tok), "tok": type(tok).__name__,
-             "ip": ip and {k: getattr(ip, k, None) for k in ("patch_size", "merge_size")},
+    parts = {"v": PREFLIGHT_VERSION, "part": part, "data": data.content_sha256,
+             "template": getattr(processor, "chat_template", None) or tok.chat_template, "vocab": len(tok),
+             "tok": _tokenizer_digest(tok), "ip": ip and {k: getattr(ip, k, None) for k in ("patch_size", "merge_size")},
              "size": ip and dict(ip.size), "pixels": [m.get("min_pixels"), m.get("max_pixels")],
              "splits": [plan.config["data"]["train_split"], plan.config["data"]["eval_split"],
-                        plan.config["data"]["eval_max_items"]], "seed": plan.config["seed"], "kind": plan.kind}
+                        plan.config["data"]["eval_max_items"]]}
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
 
@@ -123,38 +132,49 @@ def _stats(values: list[int]) -> dict:
     return {"min": min(values), "median": statistics.median_low(values), "max": max(values)} if values else {}
 
 
-def _measure(plan, data, processor) -> dict:
-    from harness.answers import format_answer
+def _prompts(plan, data, processor) -> dict:
     from harness.data import row_key
 
     is_vlm = plan.config["model"]["is_vlm"]
     train = count_tokens(processor, data.root, data.train_rows, is_vlm=is_vlm)
     test = count_tokens(processor, data.root, data.test_rows, is_vlm=is_vlm)
-    out = {"train": [n for n, _ in train], "test": [n for n, _ in test],
-           "train_keys": [row_key(r) for r in data.train_rows], "test_keys": [row_key(r) for r in data.test_rows],
-           "image_tokens": sorted({k for _, k in train + test}) if is_vlm else []}
-    if not plan.rl:
-        full = count_tokens(processor, data.root, data.train_rows, is_vlm=is_vlm,
-                            completions=[format_answer(r["target"]) for r in data.train_rows])
-        out["sft_rows"] = [n for n, _ in full]
-    return out
+    return {"train": [n for n, _ in train], "test": [n for n, _ in test],
+            "train_keys": [row_key(r) for r in data.train_rows], "test_keys": [row_key(r) for r in data.test_rows],
+            "image_tokens": sorted({k for _, k in train + test}) if is_vlm else []}
 
 
-def prompt_lengths(plan, data, processor, context: int | None) -> dict:
-    """Measure (memoized), check and summarize; raises ConfigError when a prompt does not fit."""
+def _sft_rows(plan, data, processor) -> dict:
+    from harness.answers import format_answer
+
+    full = count_tokens(processor, data.root, data.train_rows, is_vlm=plan.config["model"]["is_vlm"],
+                        completions=[format_answer(r["target"]) for r in data.train_rows])
+    return {"sft_rows": [n for n, _ in full]}
+
+
+def _memoized(plan, data, processor, part: str, measure) -> dict:
     from harness.rundir import atomic_write_json
 
     cache = Path(plan.config["output_root"]) / "cache" / "preflight"
-    path = cache / f"{_key(plan, data, processor)}.json"
+    path = cache / f"{_key(plan, data, processor, part)}.json"
     try:
-        measured = json.loads(path.read_text())
+        return json.loads(path.read_text())
     except (OSError, ValueError):
-        measured = _measure(plan, data, processor)
-        try:
-            cache.mkdir(parents=True, exist_ok=True)
-            atomic_write_json(path, measured)
-        except OSError as err:  # a cache that cannot be written only costs the next run this measurement
-            log.warning("preflight: could not cache the prompt lengths in %s (%s)", cache, err)
+        pass
+    measured = measure(plan, data, processor)
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(path, measured)
+    except OSError as err:  # a cache that cannot be written only costs the next run this measurement
+        log.warning("preflight: could not cache the prompt lengths in %s (%s)", cache, err)
+    return measured
+
+
+def prompt_lengths(plan, data, processor, context: int | None) -> dict:
+    """Measure (memoized: an RL arm after its warm start measures nothing), check and summarize; raises
+    ConfigError when a prompt does not fit."""
+    measured = _memoized(plan, data, processor, "prompts", _prompts)
+    if not plan.rl:
+        measured = {**measured, **_memoized(plan, data, processor, "sft_rows", _sft_rows)}
     check(plan, data, measured, context)
     return summary(plan, measured, context)
 

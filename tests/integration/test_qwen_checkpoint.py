@@ -93,6 +93,19 @@ def test_the_run_says_how_long_its_prompts_are(sweep):
     assert "longest + arm.max_completion_length = " in stderr and "of the model's 128000 positions" in stderr
 
 
+def test_the_eval_cli_and_the_report_read_the_runs(sweep):
+    """A checkpoint of the grpo run evaluated again by `python -m harness.eval` (the run's dtype and processor), and
+    the sweep's report, both without a traceback."""
+    _, out, _ = sweep
+    run = run_dir(out, "grpo")
+    proc = run_harness(str(run), "split=val", "policy=checkpoint-2", "max_items=8", module="harness.eval", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert read_json(run / "eval" / "val-checkpoint-2.json")["n"] == 8
+    proc = run_harness(str(out), module="harness.report", timeout=300)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert (out / "report" / "report.md").is_file()
+
+
 def test_the_final_policy_carries_the_checkpoints_own_processor_files(sweep):
     snap, out, _ = sweep
     fp = run_dir(out, "grpo") / "final_policy"

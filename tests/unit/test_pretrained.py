@@ -302,3 +302,72 @@ def test_eos_ids_and_unused_rows_come_from_the_checkpoint(hub_snapshot):
     assert eos_token_ids(proc, model) == tok.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])
     assert eos_token_ids(proc) == tok.convert_tokens_to_ids(["<|im_end|>"])
     assert rows_past_the_tokenizer(model, proc) == list(range(len(tok), model.config.text_config.vocab_size))
+
+
+# --- the preflight's decisions
+
+
+def _preflight_plan(kind: str, **arm):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(rl=kind == "rl", kind=kind, config={
+        "arm": {"max_completion_length": 16, "max_length": 256, **arm}, "train": {"eval_max_new_tokens": 16},
+        "model": {"min_pixels": None, "max_pixels": None, "is_vlm": True}, "output_root": "/nonexistent",
+        "data": {"train_split": "train", "eval_split": "test", "eval_max_items": None}})
+
+
+MEASURED = {"train": [100, 120, 110], "test": [90, 130], "train_keys": ["a", "b", "c"], "test_keys": ["d", "e"],
+            "image_tokens": [4, 64], "sft_rows": [107, 300, 117]}
+
+
+@pytest.mark.parametrize("kind, context, arm, field, longest", [
+    ("rl", 130, {}, "arm.max_completion_length", "the longest is 120 tokens (record b"),  # 120 + 16 > 130
+    ("rl", 1000, {"max_completion_length": 900}, "arm.max_completion_length", "2 of 3 training prompts"),
+    ("sft", 140, {}, "train.eval_max_new_tokens", "the longest is 130 tokens (record e"),
+    ("sft", 4096, {}, "arm.max_length", "1 of 3 SFT rows"),
+])
+def test_the_preflight_names_the_knob_the_count_and_the_longest_record(kind, context, arm, field, longest):
+    from types import SimpleNamespace
+
+    from harness.stages.preflight import check
+
+    with pytest.raises(ConfigError) as exc:
+        check(_preflight_plan(kind, **arm), SimpleNamespace(root=Path("/data")), MEASURED, context)
+    (p,) = [p for p in exc.value.problems if p.field == field]
+    assert longest in p.why and "/data" in p.why and p.fix
+    if field == "arm.max_length":
+        assert "budget.sft_warm_start_max_length=301" in p.fix
+
+
+def test_the_preflight_passes_what_fits_and_says_what_it_measured():
+    from types import SimpleNamespace
+
+    from harness.stages.preflight import check, describe, summary
+
+    plan = _preflight_plan("rl")
+    fits = {k: v for k, v in MEASURED.items() if k != "sft_rows"}
+    check(plan, SimpleNamespace(root=Path("/data")), fits, 4096)
+    s = summary(plan, fits, 4096)
+    assert s["train"] == {"n": 3, "min": 100, "median": 110, "max": 120} and s["image_tokens_per_image"] == [4, 64]
+    assert describe(s, plan) == ("prompts: 3 train rows, 100/110/120 tokens (min/median/max); 4-64 image tokens per "
+                                 "image; longest + arm.max_completion_length = 136 of the model's 4096 positions")
+
+
+def test_the_preflight_measures_once_per_dataset_and_processor(hub_snapshot, tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from harness.models.pretrained import load_processor
+    from harness.stages import preflight
+
+    calls = []
+    monkeypatch.setattr(preflight, "_prompts", lambda plan, data, proc: calls.append(1) or {k: v for k, v in MEASURED.items() if k != "sft_rows"})
+    plan = _preflight_plan("rl")
+    plan.config["output_root"] = str(tmp_path)
+    data = SimpleNamespace(root=tmp_path, content_sha256="d1")
+    proc = load_processor(hub_snapshot(), is_vlm=True)
+    preflight.prompt_lengths(plan, data, proc, 4096)
+    preflight.prompt_lengths(plan, data, proc, 4096)
+    assert len(calls) == 1
+    preflight.prompt_lengths(plan, SimpleNamespace(root=tmp_path, content_sha256="d2"), proc, 4096)  # other data
+    preflight.prompt_lengths(plan, data, load_processor(hub_snapshot(), is_vlm=True, max_pixels=12544), 4096)
+    assert len(calls) == 3
