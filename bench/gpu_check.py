@@ -17,8 +17,9 @@ so one hang costs only its own part; a failed step is recorded with the tail of 
                 256 tokens, eval off, only the final checkpoint) and a bare TRL GRPOTrainer on the LoRA grpo plan
                 (bench/gpu_check_child.py): s/step, sampled tokens/s, peak GPU memory, one checkpoint save,
                 harness / bare step ratio
-On CUDA, env runs first, then arms_tiny, arms_fixture + parity and the 3B build run side by side (the tiny runs are
-bound by per-token launch overhead, not the GPU), then the 3B trials alone, so their timings see an idle GPU.
+On CUDA, env runs first, then four lanes side by side (bench/gpu_check_parts.plan_steps: the tiny runs are bound by
+per-token launch overhead, not by the GPU), while the two 3B trial processes import ahead; then the 3B trials
+alone, one after the other, so their timings see an idle GPU.
 
 --cpu is the dry run of the same shape on a CPU machine: placement.device=cpu, float32, shorter debug budgets, a
 tiny fixture instead of the 3B shape, short completions and small images, parity skipped without torchvision.
@@ -54,7 +55,6 @@ BUDGET_S = 480  # issue 34: the whole check in under 8 minutes on one H200
 TAIL_LINES = 40
 
 
-
 class Check:
     """Runs the steps, streams their output, keeps the report and rewrites gpu_check.json after every step."""
 
@@ -63,15 +63,33 @@ class Check:
         self.deadline = self.t0 + deadline_s if deadline_s else None
         self.lock = threading.Lock()
         self.steps: dict[str, dict] = {}
+        self.planned: dict[str, str] = {}  # step name -> part, of every step plan() was given
+        self.done: dict[str, threading.Event] = {}  # one per planned step: set when it has finished
+        self.live: set[subprocess.Popen] = set()  # the children running now (abort() stops them)
+        self.started: dict[str, dict] = {}  # prestart()ed children waiting for their turn
+        self.stopping = False
+        self.threads: list[threading.Thread] = []  # the lanes running side by side
+        self.not_run: str | None = None  # why the steps not run were not (finish() records them)
         self.report = {"check": "gpu_check", "version": 1, "mode": mode, "budget_s": BUDGET_S, **meta,
                        "started_at": _now(), "parts": {p: {"status": "pending", "steps": {}, "figures": {}}
                                                        for p in parts.PARTS}}
         (out / "logs").mkdir(parents=True, exist_ok=True)
         self.write()
 
+    def plan(self, steps: list[Step]) -> None:
+        self.planned = {s.name: s.part for s in steps}
+        self.done = {s.name: threading.Event() for s in steps}
+
+    def _wait_for(self, needs: tuple[str, ...]) -> None:
+        """Until every planned step in `needs` has finished (another lane may still run it), or the deadline."""
+        for n in needs:
+            if n in self.done:
+                left = None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
+                self.done[n].wait(timeout=left)
+
     def say(self, line: str) -> None:
         with self.lock:
-            print(line, flush=True)
+            _print(line)
 
     def write(self) -> None:
         self.report["wall_s"] = round(time.monotonic() - self.t0, 1)
@@ -85,60 +103,95 @@ class Check:
         with self.lock:
             part["steps"][step.name] = rec
             part["status"] = "running"
+        self._wait_for(step.needs)
         missing = [n for n in step.needs if self.steps.get(n, {}).get("status") != "ok"]
         timeout = step.timeout_s
         if self.deadline is not None:
             timeout = min(timeout, self.deadline - time.monotonic())
-        if missing:
+        early = self.started.pop(step.name, None)
+        if self.stopping:
+            rec.update(status="skipped", reason="the check was interrupted")
+        elif missing:
             rec.update(status="skipped", reason=f"needs {', '.join(missing)}, which did not pass")
         elif timeout < 5:
             rec.update(status="timeout", reason="the check's --deadline had passed before this step could start")
         else:
-            self._execute(step, rec, timeout)
+            self._execute(step, rec, timeout, early)
+            early = None
+        if early is not None:  # started ahead but not to be run: stop it
+            _stop([early["proc"]])
+            self._close(early)
         with self.lock:
             self.steps[step.name] = rec
             part["status"] = parts.part_status([s["status"] for s in part["steps"].values()])
             part["wall_s"] = round(sum(s.get("wall_s", 0) for s in part["steps"].values()), 1)
             self.write()
+        if step.name in self.done:
+            self.done[step.name].set()
         self.say(f"[gpu_check] {step.name}: {rec['status']}" + (f" in {rec['wall_s']} s" if "wall_s" in rec else "")
                  + (f" ({rec['reason']})" if rec.get("reason") else ""))
         return rec
 
-    def _execute(self, step: Step, rec: dict, timeout: float) -> None:
-        self.say(f"[gpu_check] {step.name}: start (timeout {timeout:.0f} s): {rec['argv']}")
+    def prestart(self, step: Step) -> None:
+        """Start a step's child ahead of its turn: it imports (10-13 s on the GPU node, off the critical path),
+        then waits for its go file (Step.go), which run() creates when the step's turn comes."""
+        self.started[step.name] = self._launch(step, f"logs/{step.name}.log")
+        self.say(f"[gpu_check] {step.name}: started ahead (imports), waits for its turn")
+
+    def _launch(self, step: Step, log_rel: str) -> dict:
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "TQDM_DISABLE": "1", "HF_HUB_OFFLINE": "1",
-               "WANDB_MODE": "offline", **step.env}
+               "WANDB_MODE": "offline", **step.env, **({"GPU_CHECK_GO": step.go} if step.go else {})}
+        if step.go:
+            Path(step.go).unlink(missing_ok=True)
         tail: deque[str] = deque(maxlen=TAIL_LINES)
-        t0 = time.monotonic()
-        with open(self.out / rec["log"], "w") as log:
-            proc = subprocess.Popen(step.argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    text=True, errors="replace", start_new_session=True)
-            reader = threading.Thread(target=self._pump, args=(proc, step.name, log, tail), daemon=True)
-            reader.start()
-            try:
-                rc = proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                rc = None
-                _stop(proc)
-            reader.join(timeout=10)
+        log = open(self.out / log_rel, "w")  # noqa: SIM115  (closed by _close)
+        proc = subprocess.Popen(step.argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, errors="replace", start_new_session=True)
+        self.live.add(proc)
+        reader = threading.Thread(target=self._pump, args=(proc, step.name, log, tail), daemon=True)
+        reader.start()
+        return {"proc": proc, "reader": reader, "tail": tail, "log": log, "t0": time.monotonic()}
+
+    def _close(self, h: dict) -> None:
+        self.live.discard(h["proc"])
+        h["reader"].join(timeout=10)
+        h["log"].close()
+
+    def _execute(self, step: Step, rec: dict, timeout: float, h: dict | None = None) -> None:
+        self.say(f"[gpu_check] {step.name}: {'go' if h else 'start'} (timeout {timeout:.0f} s): {rec['argv']}")
+        if h is None:
+            h = self._launch(step, rec["log"])
+        else:
+            rec["started_ahead_s"] = round(time.monotonic() - h["t0"], 1)
+            Path(step.go).touch()
+        proc, tail, t0 = h["proc"], h["tail"], time.monotonic()
+        try:
+            rc = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            rc = None
+            _stop([proc])
+        finally:
+            self._close(h)
+        if self.stopping and rc != 0:
+            rc, timeout = None, None  # stopped by abort(): reported as cut short, not as its own failure
         rec.update(rc=rc, wall_s=round(time.monotonic() - t0, 1))
-        if rc is None:
-            rec.update(status="timeout", reason=f"killed after {timeout:.0f} s", tail=list(tail))
-            return
         if rc in step.skip_rc:
             rec.update(status="skipped", reason=step.skip_rc[rc])
             return
-        figures, problems = {}, [] if rc == 0 else [f"exit code {rc}"]
-        if step.collect is not None:
+        cut = "stopped: the check was interrupted" if timeout is None else f"killed after {timeout:.0f} s"
+        problems = [] if rc == 0 else [cut if rc is None else f"exit code {rc}"]
+        if step.collect is not None:  # also after a timeout: the trials leave the jobs they finished
             try:
                 figures, found = step.collect({"rc": rc, "wall_s": rec["wall_s"], "tail": list(tail),
                                                "log_path": str(self.out / rec["log"])})
+                with self.lock:
+                    merge(self.report["parts"][step.part]["figures"], figures)
                 problems += found
             except Exception as exc:  # noqa: BLE001  (a collector's bug is this step's failure, not the check's)
                 problems.append(f"collecting the figures failed: {type(exc).__name__}: {exc}")
-        with self.lock:
-            merge(self.report["parts"][step.part]["figures"], figures)
-        rec["status"] = "failed" if problems else "ok"
+        rec["status"] = "timeout" if rc is None else "failed" if problems else "ok"
+        if rc is None:
+            rec["reason"] = problems[0]
         if problems:
             rec.update(problems=problems[:20], tail=list(tail))
 
@@ -151,18 +204,43 @@ class Check:
                 tail.append(line)
                 self.say(f"[{name}] {line}")
 
+    def abort(self) -> None:
+        """The check itself was interrupted (Ctrl-C, SIGTERM): stop every child (each runs in its own session, so
+        the terminal's signal does not reach it), run nothing more."""
+        self.stopping = True
+        _stop(list(self.live))
+        for t in self.threads:  # let each lane record how its step ended before the report is written
+            t.join(timeout=15)
+
     def finish(self) -> int:
         ps = self.report["parts"]
+        for name, part in self.planned.items():
+            if name not in ps[part]["steps"]:
+                if self.not_run:
+                    ps[part]["steps"][name] = {"status": "skipped", "reason": f"not run: {self.not_run}"}
+                else:
+                    why = "the check was interrupted" if self.stopping else "the check ended first"
+                    ps[part]["steps"][name] = {"status": "timeout", "reason": f"not run: {why}"}
         for p in ps.values():
-            if p["status"] in ("pending", "running"):
-                p["status"] = "skipped" if not p["steps"] else parts.part_status([s["status"] for s in p["steps"].values()])
+            for s in p["steps"].values():
+                if s["status"] == "running":  # the check was interrupted while it ran
+                    s.update(status="failed", reason="the check was interrupted while this step ran")
+            p["status"] = parts.part_status([s["status"] for s in p["steps"].values()]) if p["steps"] else "skipped"
         self.report["failed"] = [n for n, p in ps.items() if p["status"] in ("failed", "timeout")]
         self.report["ok"] = not self.report["failed"]
         self.report["finished_at"] = _now()
-        self.report["within_budget"] = time.monotonic() - self.t0 <= BUDGET_S
+        self.report["within_budget"] = time.monotonic() - self.t0 <= BUDGET_S if self.mode == "cuda" else None
         self.write()
-        print("\n".join(parts.summary_lines(self.report, self.out)), flush=True)
+        _print("\n".join(parts.summary_lines(self.report, self.out)))
         return 0 if self.report["ok"] else 1
+
+
+def _print(text: str) -> None:
+    """stdout may be gone (a closed pipe): the check goes on, its report and logs are in --out."""
+    try:
+        print(text, flush=True)
+    except (BrokenPipeError, OSError):
+        pass
 
 
 def merge(into: dict, new: dict) -> None:
@@ -174,18 +252,23 @@ def merge(into: dict, new: dict) -> None:
             into[k] = v
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    """SIGTERM to the step's process group (the harness checkpoints and stops on it), SIGKILL 15 s later."""
+def _stop(procs: list[subprocess.Popen]) -> None:
+    """SIGTERM to each process group (the harness checkpoints and stops on it), SIGKILL to those left 15 s later."""
     for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 10)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
+        for proc in procs:
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                pass
+        end = time.monotonic() + wait
+        for proc in procs:
+            try:
+                proc.wait(timeout=max(0.1, end - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        procs = [p for p in procs if p.poll() is None]
+        if not procs:
             return
-        try:
-            proc.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
 
 
 def _now() -> str:
@@ -213,7 +296,8 @@ def run_lanes(check: Check, lanes: list[list[Step]], jobs: int) -> None:
     pending = list(lanes)
     while pending:
         batch, pending = pending[:jobs], pending[jobs:]
-        threads = [threading.Thread(target=lambda ln=lane: [check.run(s) for s in ln]) for lane in batch]
+        threads = [threading.Thread(target=lambda ln=lane: [check.run(s) for s in ln], daemon=True) for lane in batch]
+        check.threads = threads
         for t in threads:
             t.start()
         for t in threads:
@@ -236,8 +320,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--full-steps", type=int, default=2, help="optimizer steps of the 3B full-tuning trials "
                                                               "(default 2)")
     ap.add_argument("--parts", default=",".join(parts.PARTS), help="comma-separated subset of " + ",".join(parts.PARTS))
-    ap.add_argument("--jobs", type=int, default=None, help="lanes at once before the 3B trials (default 3 on CUDA, "
-                                                            "1 with --cpu)")
+    ap.add_argument("--jobs", type=int, default=None, help="lanes at once before the 3B trials (default: all four "
+                                                            "on CUDA, 1 with --cpu)")
     args = ap.parse_args(argv)
     wanted = [p.strip() for p in args.parts.split(",") if p.strip()]
     unknown = sorted(set(wanted) - set(parts.PARTS))
@@ -256,14 +340,30 @@ def main(argv: list[str] | None = None) -> int:
             "settings": cfg.describe(), "parts_selected": wanted}
     check = Check(out, "cpu" if args.cpu else "cuda", deadline or None, meta)
     env_step, lanes, trials = parts.plan_steps(cfg, set(wanted))
+    check.plan([env_step, *(s for lane in lanes for s in lane), *trials])
+    def interrupted(signum, frame):
+        for sig in (signal.SIGTERM, signal.SIGINT):  # once: a second signal must not cut abort() short
+            signal.signal(sig, signal.SIG_IGN)
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, interrupted)
+    signal.signal(signal.SIGINT, interrupted)
     try:
         check.run(env_step)
         if check.steps[env_step.name]["status"] != "ok" and not args.cpu:
-            check.say("[gpu_check] no usable CUDA device: the other parts are not run")
+            check.not_run = "no usable CUDA device (env)"
+            check.say(f"[gpu_check] {check.not_run}: the other parts are not run")
         else:
-            run_lanes(check, lanes, args.jobs or (1 if args.cpu else 3))
+            for step in trials:
+                if step.go:
+                    check.prestart(step)
+            run_lanes(check, lanes, args.jobs or (1 if args.cpu else len(lanes)))
             for step in trials:
                 check.run(step)
+    except KeyboardInterrupt as exc:
+        check.say(f"[gpu_check] interrupted ({exc or 'Ctrl-C'}): stopping the running steps")
+        check.report["interrupted"] = True
+        check.abort()
     finally:
         code = check.finish()
         if not args.keep_work and not args.work:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import shutil
 import sys
 import time
@@ -83,9 +84,13 @@ def harness_job(job: dict) -> dict:
     plan = compose_plan(job["overrides"])
     run_dir = Path(plan.run_dir)
     shutil.rmtree(run_dir, ignore_errors=True)  # a fresh run, never a resumed one
-    code = run_plan(plan)
-    out = {"exit_code": code, **figs.run_figures(run_dir), **timed_figures()}
-    ledger = figs.read_jsonl(run_dir / "ledgers" / "rank-0.jsonl")
+    try:
+        code = run_plan(plan)
+        out = {"exit_code": code, **figs.run_figures(run_dir), **timed_figures()}
+        ledger = figs.read_jsonl(run_dir / "ledgers" / "rank-0.jsonl")
+    finally:
+        if job.get("cleanup", True):  # a full 3B run leaves ~30 GB, failed or not: the next one needs the disk
+            shutil.rmtree(run_dir, ignore_errors=True)
     by_step: dict[int, int] = {}
     for r in ledger:  # a ledger row's step is the 0-based optimizer step its generation round started at
         by_step[r["step"] + 1] = by_step.get(r["step"] + 1, 0) + r["tokens"]
@@ -93,8 +98,6 @@ def harness_job(job: dict) -> dict:
     out.update(completion_tokens=[r["tokens"] for r in ledger], sampled_tokens=sum(by_step.values()),
                step_tokens=step_tokens, wall_tokens_per_s=figs.tokens_per_s(step_tokens, out["wall_step_s"]))
     out["ok"] = code == 0 and out.get("verify") == "ok" and bool(out.get("step_time_s"))
-    if job.get("cleanup", True):
-        shutil.rmtree(run_dir, ignore_errors=True)  # a full 3B run leaves ~30 GB: the next one needs the disk
     return out
 
 
@@ -147,12 +150,14 @@ def bare_job(job: dict, scratch: Path) -> dict:
     trainer.remove_callback(PrinterCallback)
     trainer.remove_callback(ProgressCallback)
     t1 = time.perf_counter()
-    trainer.train()
+    try:
+        trainer.train()
+    finally:
+        shutil.rmtree(out_dir, ignore_errors=True)
     train_s = time.perf_counter() - t1
     step_times = [round(r["step_time"], 3) for r in trainer.state.log_history if "step_time" in r]
     n_steps = trainer.state.global_step
     del trainer, model
-    shutil.rmtree(out_dir, ignore_errors=True)
     per = c["arm"]["prompts_per_step"] * c["arm"]["num_generations"]  # completions per optimizer step
     step_tokens = [sum(tokens[i * per:(i + 1) * per]) for i in range(n_steps)]
     wall = timed_figures()
@@ -165,7 +170,6 @@ def bare_job(job: dict, scratch: Path) -> dict:
 
 def env(work: str, device: str) -> int:
     import importlib.util
-    import os
 
     import torch
 
@@ -208,7 +212,23 @@ def build(out: str, shape: str, device: str, dtype: str, need_gb: str, *families
 
 def trials(spec_path: str, results_path: str) -> int:
     spec, results = json.loads(Path(spec_path).read_text()), Path(results_path)
+    results.unlink(missing_ok=True)
+    t0 = time.perf_counter()
+    import peft  # noqa: F401  (every heavy import before the go file: the check starts this process ahead)
     import torch
+    import trl  # noqa: F401
+
+    import arms.grpo.trainer  # noqa: F401
+    import harness.lifecycle  # noqa: F401
+
+    go, parent = os.environ.get("GPU_CHECK_GO"), os.getppid()
+    if go:
+        print(f"[trial] imports done in {time.perf_counter() - t0:.1f} s; waiting for the go file {go}", flush=True)
+        while not Path(go).exists():
+            if os.getppid() != parent:  # the check died without stopping this process: nobody will say go
+                print("[trial] the check that started this process is gone; exiting", flush=True)
+                return 3
+            time.sleep(0.2)
 
     from harness.log import quiet_libraries, setup_logging
 

@@ -20,7 +20,7 @@ PARTS = ("env", "arms_tiny", "arms_fixture", "parity", "qwen3b")
 ARMS = ("sft", "grpo", "papo", "evi_po", "opd")
 FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 RESULT = "GPU_CHECK_RESULT "  # a child's line carrying its JSON figures
-TIMEOUTS_S = {"env": 90, "arms_tiny.multirun": 240, "arms_tiny.smoke": 180, "fixtures.build": 120, "parity": 120,
+TIMEOUTS_S = {"env": 90, "arms_tiny.multirun": 240, "arms_tiny.smoke": 200, "fixtures.build": 120, "parity": 120,
               "arms_fixture.multirun": 240, "arms_fixture.full": 150, "qwen3b.build": 240, "qwen3b.lora": 330,
               "qwen3b.full": 330}
 DISK_NEEDED_GB = 45  # the 3B snapshot (7.5 GB) + a full run's final checkpoint (~22 GB) and final policy (7.5 GB)
@@ -41,6 +41,7 @@ class Step:
     needs: tuple[str, ...] = ()
     skip_rc: dict[int, str] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
+    go: str | None = None  # a go file: the child may start ahead of its turn and wait for it (Check.prestart)
 
 
 @dataclass
@@ -76,7 +77,7 @@ class Config:
     @property
     def tiny_extra(self) -> list[str]:
         """--cpu: debug=tiny made shorter still (2 RL steps, a 4-step warm start), so the dry run takes minutes."""
-        return ["budget.max_completion_tokens=1024", "budget.max_steps=4", "budget.sft_warm_start_steps=4",
+        return ["budget.max_completion_tokens=1024", "budget.max_steps=6", "budget.sft_warm_start_steps=4",
                 "data.eval_max_items=8"] if self.cpu else []
 
     def timeout(self, name: str) -> float:
@@ -84,60 +85,59 @@ class Config:
 
 
 def plan_steps(cfg: Config, wanted: set[str]) -> tuple[Step, list[list[Step]], list[Step]]:
-    """(the env step, the lanes run side by side, the 3B trials run alone afterwards)."""
+    """(the env step, the lanes run side by side, the 3B trials run alone afterwards). Four lanes of 1-1.5 min each
+    on an H200: the tiny arms; the fixtures and the arms on one; the 3B build, parity and the full-tuning fixture
+    run; the smoke test. A step's `needs` are earlier in its lane or in an earlier lane, so the lanes can also run
+    one after the other (--cpu, --jobs 1). Each lane has its own output_root: no two processes share a cache."""
     py, w, dev = cfg.python, cfg.work, cfg.device
-    harness = [py, "-m", "harness"]
-    on = [f"placement.device={dev}"]
+    harness, on, arms = [py, "-m", "harness"], [f"placement.device={dev}"], "arm=" + ",".join(ARMS)
     fix, fix_dtype = w / "fixtures", ([f"model.dtype={cfg.dtype}"] if cfg.cpu else [])
-    arms = "arm=" + ",".join(ARMS)
+    fix_model = ["model=qwen", f"model.path={fix / 'qwen2_5_vl'}", *fix_dtype]
     env = Step("env", "env", [py, CHILD, "env", str(w), dev], cfg.timeout("env"), collect=collect_env)
-    lanes, trials = [], []
+    tiny, fixture, side, smoke, trials = [], [], [], [], []
     if "arms_tiny" in wanted:
-        root = w / "tiny"
-        lanes.append([
-            Step("arms_tiny.multirun", "arms_tiny", [*harness, "-m", arms, "debug=tiny", *on, *cfg.tiny_extra,
-                                                     f"output_root={root}"], cfg.timeout("arms_tiny.multirun"),
-                 collect=lambda r, root=root: collect_multirun(root)),
-            Step("arms_tiny.smoke", "arms_tiny", [*harness, "run_mode=smoke", "debug=tiny", *on,
-                                                  *[o for o in cfg.tiny_extra if "completion_tokens" not in o
-                                                    and "max_steps" not in o], f"output_root={root}"],
-                 cfg.timeout("arms_tiny.smoke"), collect=lambda r, root=root: collect_smoke(root, r)),
-        ])
-    lane = []
+        root, smoke_root = w / "tiny", w / "tiny_smoke"
+        tiny.append(Step("arms_tiny.multirun", "arms_tiny", [*harness, "-m", arms, "debug=tiny", *on, *cfg.tiny_extra,
+                                                             f"output_root={root}"], cfg.timeout("arms_tiny.multirun"),
+                         collect=lambda r, root=root: collect_multirun(root)))
+        smoke_extra = [o for o in cfg.tiny_extra
+                       if not o.startswith(("budget.max_completion_tokens", "budget.max_steps"))]
+        smoke.append(Step("arms_tiny.smoke", "arms_tiny", [*harness, "run_mode=smoke", "debug=tiny", *on, *smoke_extra,
+                                                           f"output_root={smoke_root}"], cfg.timeout("arms_tiny.smoke"),
+                          collect=lambda r, root=smoke_root: collect_smoke(root, r)))
     if "arms_fixture" in wanted or "parity" in wanted:
-        lane.append(Step("fixtures.build", "arms_fixture" if "arms_fixture" in wanted else "parity",
-                         [py, CHILD, "build", str(fix), "tiny", "cpu", "float32", "0", *FAMILIES],
-                         cfg.timeout("fixtures.build"), collect=lambda r: ({"fixtures": _result(r)}, [])))
+        fixture.append(Step("fixtures.build", "arms_fixture" if "arms_fixture" in wanted else "parity",
+                            [py, CHILD, "build", str(fix), "tiny", "cpu", "float32", "0", *FAMILIES],
+                            cfg.timeout("fixtures.build"), collect=lambda r: ({"fixtures": _result(r)}, [])))
+    if "arms_fixture" in wanted:
+        root = w / "fix"
+        fixture.append(Step("arms_fixture.multirun", "arms_fixture", [*harness, "-m", arms, *fix_model, "debug=tiny",
+                                                                      *on, *cfg.tiny_extra, f"output_root={root}"],
+                            cfg.timeout("arms_fixture.multirun"), collect=lambda r, root=root: collect_multirun(root),
+                            needs=("fixtures.build",)))
+    if "qwen3b" in wanted:
+        shape, need = ("tiny", 0) if cfg.cpu else ("3b", DISK_NEEDED_GB)
+        side.append(Step("qwen3b.build", "qwen3b", [py, CHILD, "build", str(w / "qwen3b"), shape, dev, cfg.dtype,
+                                                    str(need), "qwen2_5_vl"], cfg.timeout("qwen3b.build"),
+                         collect=lambda r: ({"build": _result(r)["qwen2_5_vl"]}, [])))
+        trials = [trial_step(cfg, "lora", [("grpo-lora", "harness", "grpo", "lora"),  # the ratio's pair back to back
+                                           ("grpo-lora-bare", "bare", "grpo", "lora"),
+                                           ("papo-lora", "harness", "papo", "lora")]),
+                  trial_step(cfg, "full", [("grpo-full", "harness", "grpo", "full"),
+                                           ("papo-full", "harness", "papo", "full")])]
     if "parity" in wanted:
-        lane.append(Step("parity", "parity", [py, "-m", "harness.models.parity", *(str(fix / f) for f in FAMILIES),
+        side.append(Step("parity", "parity", [py, "-m", "harness.models.parity", *(str(fix / f) for f in FAMILIES),
                                               "--json"], cfg.timeout("parity"), collect=collect_parity,
                          needs=("fixtures.build",),
                          skip_rc={2: "no torchvision here (harness.models.parity exit 2)"} if cfg.cpu else {}))
     if "arms_fixture" in wanted:
-        root, model = w / "fix", ["model=qwen", f"model.path={fix / 'qwen2_5_vl'}", *fix_dtype]
-        lane += [
-            Step("arms_fixture.multirun", "arms_fixture", [*harness, "-m", arms, *model, "debug=tiny", *on,
-                                                           *cfg.tiny_extra, f"output_root={root}"],
-                 cfg.timeout("arms_fixture.multirun"), collect=lambda r, root=root: collect_multirun(root),
-                 needs=("fixtures.build",)),
-            Step("arms_fixture.full", "arms_fixture", [*harness, "arm=grpo", *model, "model.tuning=full", "debug=tiny",
-                                                       *on, *cfg.tiny_extra, f"output_root={root}"],
-                 cfg.timeout("arms_fixture.full"), collect=lambda r, root=root: collect_single(root, "grpo", "full", "full"),
-                 needs=("fixtures.build",)),
-        ]
-    if lane:
-        lanes.append(lane)
-    if "qwen3b" in wanted:
-        shape, need = ("tiny", 0) if cfg.cpu else ("3b", DISK_NEEDED_GB)
-        lanes.append([Step("qwen3b.build", "qwen3b", [py, CHILD, "build", str(w / "qwen3b"), shape, dev, cfg.dtype, str(need),
-                                                      "qwen2_5_vl"], cfg.timeout("qwen3b.build"),
-                           collect=lambda r: ({"build": _result(r)["qwen2_5_vl"]}, []))])
-        trials = [trial_step(cfg, "lora", [("grpo-lora", "harness", "grpo", "lora"), ("papo-lora", "harness", "papo",
-                                                                                    "lora"),
-                                           ("grpo-lora-bare", "bare", "grpo", "lora")]),
-                  trial_step(cfg, "full", [("grpo-full", "harness", "grpo", "full"),
-                                           ("papo-full", "harness", "papo", "full")])]
-    return env, lanes, trials
+        root = w / "fix_full"
+        side.append(Step("arms_fixture.full", "arms_fixture", [*harness, "arm=grpo", *fix_model, "model.tuning=full",
+                                                               "debug=tiny", *on, *cfg.tiny_extra,
+                                                               f"output_root={root}"],
+                         cfg.timeout("arms_fixture.full"), needs=("fixtures.build",),
+                         collect=lambda r, root=root: collect_single(root, "grpo", "full", "full")))
+    return env, [lane for lane in (tiny, fixture, side, smoke) if lane], trials
 
 
 def trial_overrides(cfg: Config, arm: str, tuning: str) -> list[str]:
@@ -160,7 +160,7 @@ def trial_step(cfg: Config, name: str, jobs: list[tuple[str, str, str, str]]) ->
                                           "cleanup": True} for n, k, arm, tuning in jobs]}, indent=1))
     results.unlink(missing_ok=True)
     return Step(f"qwen3b.{name}", "qwen3b", [cfg.python, CHILD, "trials", str(spec), str(results)],
-                cfg.timeout(f"qwen3b.{name}"), needs=("qwen3b.build",),
+                cfg.timeout(f"qwen3b.{name}"), needs=("qwen3b.build",), go=str(d / f"{name}.go"),
                 collect=lambda r, results=results: collect_trials(results, [j[0] for j in jobs]))
 
 
@@ -209,7 +209,9 @@ def collect_multirun(root: Path) -> tuple[dict, list[str]]:
             problems.append(f"{arm}: status {runs[arm].get('status')}, verify {runs[arm].get('verify')}")
     problems += [f"{a}: no run" for a in ARMS if a not in runs]
     others, bad = _verify_all(root, {Path(j["run_dir"]).name for j in sweep.get("runs", [])})
-    return {"runs": runs, "other_runs_verify": others}, problems + bad
+    note = ("peak_cuda_mb is completion.json's: torch.cuda.max_memory_allocated() of the whole multirun process, "
+            "never reset between its jobs, so each job's value includes the jobs before it")
+    return {"runs": runs, "other_runs_verify": others, "peak_cuda_mb_note": note}, problems + bad
 
 
 def collect_single(root: Path, arm: str, tuning: str, key: str) -> tuple[dict, list[str]]:
@@ -235,7 +237,10 @@ def collect_parity(r: dict) -> tuple[dict, list[str]]:
     out, problems = {}, []
     for line in _log_lines(r):
         if line.startswith("{"):
-            rep = json.loads(line)
+            try:
+                rep = json.loads(line)
+            except json.JSONDecodeError:
+                continue
             pvt = rep.get("pil_vs_torchvision", {})
             out[rep["family"]] = {"ok": rep["ok"], "backends": rep.get("backends"), "grids": rep.get("grids"),
                                   "pil_vs_torchvision_max_abs_diff": pvt.get("pixel_values_max_abs_diff"),
@@ -255,7 +260,8 @@ def collect_trials(results: Path, names: list[str]) -> tuple[dict, list[str]]:
             continue
         runs[n] = slim(rows[n])
         if not rows[n].get("ok"):
-            problems.append(f"{n}: failed: {rows[n].get('error') or rows[n].get('verify') or rows[n].get('exit_code')}")
+            why = rows[n].get("error") or rows[n].get("verify") or f"exit code {rows[n].get('exit_code')}"
+            problems.append(f"{n}: failed: {why}")
     out = {"runs": runs}
     h, b = rows.get("grpo-lora"), rows.get("grpo-lora-bare")
     if h and b:
@@ -298,12 +304,13 @@ def summary_lines(report: dict, out: Path) -> list[str]:
         p = ps[name]
         lines.append(f"  {name:13} {p['status']:8} {p.get('wall_s', 0):7.1f} s  {_part_line(name, p['figures'])}")
         for sname, s in p["steps"].items():
-            if s["status"] not in ("ok",):
-                lines.append(f"      {sname}: {s['status']} {s.get('reason') or '; '.join(s.get('problems', []))[:300]}")
+            if s["status"] != "ok":
+                why = s.get("reason") or "; ".join(s.get("problems", []))
+                lines.append(f"      {sname}: {s['status']} {why[:300]}")
     runs = ps["qwen3b"]["figures"].get("runs", {})
     if runs:
-        lines.append(f"  {'3B run':16} {'s/step':>7} {'TRL s':>7} {'tok/s':>7} {'peak GB':>8} {'ckpt s':>7} "
-                     f"{'ckpt GB':>8} {'job s':>7}")
+        lines.append(f"  {'3B run':16} {'s/step':>7} {'TRL s':>7} {'tok/s':>7} {'peakGiB':>8} {'ckpt s':>7} "
+                     f"{'ckptGiB':>8} {'job s':>7}   (steps after the first; ckpt: the final one)")
         for n, f in runs.items():
             ck = f.get("checkpoint") or {}
             save = (f.get("checkpoint_save_s") or [None])[-1]
@@ -312,9 +319,9 @@ def summary_lines(report: dict, out: Path) -> list[str]:
                          f"{_g(save):>7} {_g(_gb(ck.get('size_mb'), 1024)):>8} {_g(f.get('job_wall_s'), '{:.0f}'):>7}")
         hb = ps["qwen3b"]["figures"].get("harness_over_bare")
         if hb:
-            lines.append(f"  harness / bare TRL (grpo LoRA, steps after the first): wall step {_g(hb['wall_step'], '{:.3f}')}, "
-                         f"TRL step_time {_g(hb['trl_step_time'], '{:.3f}')}; same completion lengths "
-                         f"{hb['same_completions']}")
+            lines.append(f"  harness / bare TRL (grpo LoRA, steps after the first): wall step "
+                         f"{_g(hb['wall_step'], '{:.3f}')}, TRL step_time {_g(hb['trl_step_time'], '{:.3f}')}; "
+                         f"same completion lengths {hb['same_completions']}")
     lines.append(f"  figures: {out / 'gpu_check.json'}; logs: {out / 'logs'}")
     return lines
 
@@ -329,8 +336,10 @@ def _part_line(name: str, f: dict) -> str:
         return (f"torch {e.get('torch')}, transformers {e.get('transformers')}, trl {e.get('trl')}, "
                 f"torchvision {e.get('torchvision')}, {e.get('gpu') or 'cpu'}, {e.get('free_disk_gb')} GB free")
     if name in ("arms_tiny", "arms_fixture") and f.get("runs"):
-        bits = [f"{a} {r.get('optimizer_steps')} st {_g(r.get('step_s'))} s/st {r.get('verify')}"
-                for a, r in f["runs"].items()]
+        bits = [f"{a} {r.get('optimizer_steps')} st {_g(r.get('step_s'))} s/st "
+                f"{'verify ok' if r.get('verify') == 'ok' else 'VERIFY FAILED'}" for a, r in f["runs"].items()]
+        peaks = [r["peak_cuda_mb"] for r in f["runs"].values() if r.get("peak_cuda_mb")]
+        bits += [f"peak {max(peaks):.0f} MB"] if peaks else []
         extra = f.get("full") and f"; full grpo {f['full'].get('optimizer_steps')} st {f['full'].get('verify')}"
         smoke = f.get("smoke") and f"; smoke {'passed' if f['smoke']['passed'] else 'FAILED'}"
         return ", ".join(bits) + (extra or "") + (smoke or "")

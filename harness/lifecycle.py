@@ -228,6 +228,7 @@ def _stages(plan: Plan, run: RunDir, parent_s: float, dumps) -> dict | None:
     started = time.time()
     point(f"{plan.kind}.start")  # tests only (harness.faults): a crash right after the claim
     quiet_libraries()
+    _reset_peak_memory()  # completion.json's peak_cuda_mb is this run's, not the process's (a sweep's jobs)
     clock.lap("imports")  # torch, transformers and TRL: paid by the first run of a process
     data = dist.main_first(data_stage.prepare, plan.config, run.manifest["identity"]["data"], run_dir=str(run.path),
                            fix="restore the dataset, or start a new run (another output_root)")  # rank 0 builds caches
@@ -256,6 +257,13 @@ def _stages(plan: Plan, run: RunDir, parent_s: float, dumps) -> dict | None:
     if completion is not None:
         run.set_status("completed")
     return completion
+
+
+def _reset_peak_memory() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
 
 
 class Phases:

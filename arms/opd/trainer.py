@@ -52,11 +52,12 @@ def opd_config_kwargs(ctx: BuildContext) -> dict:
     )
 
 
-def load_teacher(path: str, device: str):
-    """The teacher's model, frozen: a full policy directory, or an adapter merged into its base."""
+def load_teacher(path: str, device: str, model_cfg: dict | None = None):
+    """The teacher's model, frozen: a full policy directory, or an adapter merged into its base; in the student's
+    dtype (model.dtype), not the checkpoint's own."""
     from harness.policy import load_policy
 
-    model, _ = load_policy(Path(path), trainable=False)
+    model, _ = load_policy(Path(path), trainable=False, model_cfg=model_cfg)
     if hasattr(model, "merge_and_unload"):
         model = model.merge_and_unload()
     model.requires_grad_(False)
@@ -111,7 +112,7 @@ def build_trainer(ctx: BuildContext):
     a = ctx.plan.config["arm"]
     rnd = GenerationRound.of(a, world=ctx.world)
     ctx.reward_fn.hold_trace()  # each trace row waits for its completion's divergence (_compute_loss)
-    teacher = load_teacher(ctx.plan.identity["teacher"]["path"], ctx.device)
+    teacher = load_teacher(ctx.plan.identity["teacher"]["path"], ctx.device, ctx.plan.config["model"])
     trainer = OpdTrainer(
         model=ctx.model,
         teacher_model=teacher,
