@@ -2,7 +2,7 @@
 figures are collected from what it left, and the summary printed at the end. Torch-free: the driver only starts
 processes and reads files.
 
-Timeouts are sized from what was measured on the H200 node (docs: /work/shared/DEVICE.md; 10-13 s of imports per
+Timeouts are sized from what was measured on the H200 node (10-13 s of imports per
 process, a tiny debug run 18-30 s) with about 3x margin, so a slow step is still measured while a hang costs only
 its own part; with --cpu they are 3x longer again.
 """
