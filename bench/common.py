@@ -51,6 +51,25 @@ def harness_trial(plan, kind: str = "harness") -> Trial:
     return Trial(kind, wall, comp["train_runtime_s"], comp["optimizer_steps"], tokens)
 
 
+def bare_reward(plan, eos_ids, tokens: list[int]):
+    """The reward function a bare TRL script would pass: it scores like the harness's and writes nothing; the
+    sampled length of every completion goes to `tokens` (the trials must sample the same work)."""
+    from harness.rewards import completion_text, cut_at_eos, reward_config, score
+
+    eos, cfg = set(eos_ids), reward_config(plan.config["reward"])
+
+    def reward(prompts, completions, completion_ids, row, **_):
+        scores = []
+        for text, ids, rec in zip(completions, completion_ids, row):
+            _, truncated = cut_at_eos(ids, eos)
+            scores.append(score(completion_text(text), json.loads(rec), truncated=truncated, cfg=cfg).total)
+            tokens.append(len(ids))
+        return scores
+
+    reward.__name__ = "harness"
+    return reward
+
+
 def bare_trial(plan, *, steps: int, trl_defaults: bool, scratch: Path, kind: str = "bare") -> Trial:
     """A bare TRL GRPOTrainer on the plan's model, data and GRPOConfig for `steps` steps from the plan's SFT
     warm start. trl_defaults: the GRPOConfig fields where the harness departs from TRL's defaults for speed
@@ -63,7 +82,6 @@ def bare_trial(plan, *, steps: int, trl_defaults: bool, scratch: Path, kind: str
     from harness.data import load_split
     from harness.models import special_token_ids_to_suppress
     from harness.policy import eos_token_ids, load_policy
-    from harness.rewards import completion_text, cut_at_eos, reward_config, score
     from harness.trainsets import rl_dataset
 
     c = plan.config
@@ -73,17 +91,8 @@ def bare_trial(plan, *, steps: int, trl_defaults: bool, scratch: Path, kind: str
     model, processor = load_policy(Path(plan.parent.run_dir) / "final_policy")
     root = Path(json.loads((Path(plan.parent.run_dir) / "run_manifest.json").read_text())["identity"]["data"]["root"])
     dataset = rl_dataset(root, load_split(root, c["data"]["train_split"]), is_vlm=c["model"]["is_vlm"])
-    eos, cfg, tokens = set(eos_token_ids(processor)), reward_config(c["reward"]), []
-
-    def reward(prompts, completions, completion_ids, row, **_):  # scores like the harness, writes nothing
-        scores = []
-        for text, ids, rec in zip(completions, completion_ids, row):
-            _, truncated = cut_at_eos(ids, eos)
-            scores.append(score(completion_text(text), json.loads(rec), truncated=truncated, cfg=cfg).total)
-            tokens.append(len(ids))
-        return scores
-
-    reward.__name__ = "harness"
+    tokens: list[int] = []
+    reward = bare_reward(plan, eos_token_ids(processor), tokens)
     ctx = BuildContext(plan=plan, run_dir=out, model=model, processor=processor, train_dataset=dataset,
                        suppress_token_ids=special_token_ids_to_suppress(processor))
     kw = grpo_config_kwargs(ctx)

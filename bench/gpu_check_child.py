@@ -103,6 +103,7 @@ def harness_job(job: dict) -> dict:
 
 def bare_job(job: dict, scratch: Path) -> dict:
     """A bare GRPOTrainer on the plan's base checkpoint, data and GRPOConfig for budget.max_steps steps."""
+    import common  # bench/common.py: the bare reward function every race against TRL uses
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
     from trl import GRPOConfig, GRPOTrainer
 
@@ -112,7 +113,6 @@ def bare_job(job: dict, scratch: Path) -> dict:
     from harness.data import load_split
     from harness.models import special_token_ids_to_suppress
     from harness.policy import apply_tuning, build_base, device_of, eos_token_ids, load_policy
-    from harness.rewards import completion_text, cut_at_eos, reward_config, score
     from harness.stages.data import dataset_root
     from harness.stages.policy import rows_past_the_tokenizer
     from harness.trainsets import rl_dataset
@@ -129,17 +129,8 @@ def bare_job(job: dict, scratch: Path) -> dict:
     model = apply_tuning(model, plan).to(device)
     root = dataset_root(c, plan.identity["data"])
     dataset = rl_dataset(root, load_split(root, c["data"]["train_split"]), is_vlm=c["model"]["is_vlm"])
-    eos, rcfg, tokens = set(eos_token_ids(processor, model)), reward_config(c["reward"]), []
-
-    def reward(prompts, completions, completion_ids, row, **_):  # scores like the harness, writes nothing
-        scores = []
-        for text, ids, rec in zip(completions, completion_ids, row):
-            _, truncated = cut_at_eos(ids, eos)
-            scores.append(score(completion_text(text), json.loads(rec), truncated=truncated, cfg=rcfg).total)
-            tokens.append(len(ids))
-        return scores
-
-    reward.__name__ = "harness"
+    tokens: list[int] = []
+    reward = common.bare_reward(plan, eos_token_ids(processor, model), tokens)
     ctx = BuildContext(plan=plan, run_dir=out_dir, model=model, processor=processor, train_dataset=dataset,
                        suppress_token_ids=special_token_ids_to_suppress(processor)
                        + rows_past_the_tokenizer(model, processor), device=device)

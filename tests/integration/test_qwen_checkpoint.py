@@ -21,7 +21,7 @@ from harness.accounting.logs import read_rows
 from harness.rundir import read_json
 from harness.smoke import KILL_RUN_ENV, KILL_STEP_ENV
 from harness.verify import verify
-from tests.conftest import REPO, logged_values, run_harness
+from tests.conftest import logged_values, run_harness
 
 ARMS = ("sft", "grpo", "papo", "evi_po", "opd")
 ENV = {"OMP_NUM_THREADS": "1"}  # the same kernels in every run, so a resumed run can match bit for bit
