@@ -149,7 +149,13 @@ def load_policy(path: str | Path, *, base_path: str | None = None, trainable: bo
     else:
         base = base_path
         model = _auto_model(str(path), m)
-    processor = load_processing(path if (path / "tokenizer_config.json").exists() else Path(base), m)
+    if m.get("source") == "pretrained" and base:
+        # a real checkpoint's own processor files, whatever the policy dir holds: a Trainer checkpoint holds what
+        # the image-only processor saves (no video processor), which the stock AutoProcessor cannot rebuild
+        proc_dir = Path(base)
+    else:
+        proc_dir = path if (path / "tokenizer_config.json").exists() else Path(base)
+    processor = load_processing(proc_dir, m)
     return model, processor
 
 

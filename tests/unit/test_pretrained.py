@@ -371,3 +371,21 @@ def test_the_preflight_measures_once_per_dataset_and_processor(hub_snapshot, tmp
     preflight.prompt_lengths(plan, SimpleNamespace(root=tmp_path, content_sha256="d2"), proc, 4096)  # other data
     preflight.prompt_lengths(plan, data, load_processor(hub_snapshot(), is_vlm=True, max_pixels=12544), 4096)
     assert len(calls) == 3
+
+
+def test_a_pretrained_runs_policy_takes_the_checkpoints_own_processor_files(hub_snapshot, tmp_path):
+    """A Trainer checkpoint of a run on a real checkpoint holds the processor as the image-only class saves it (no
+    video processor: the stock AutoProcessor of a GPU node cannot rebuild it); load_policy takes the base
+    checkpoint's files instead, whatever the policy dir holds."""
+    from harness.policy import load_policy
+
+    snap = hub_snapshot()
+    ckpt = tmp_path / "checkpoint-2"
+    ckpt.mkdir()
+    for name in ("config.json", "generation_config.json", "model.safetensors.index.json",
+                 "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"):
+        shutil.copy(snap / name, ckpt / name)
+    (ckpt / "tokenizer_config.json").write_text("not json")  # what the dir holds is never read
+    model_cfg = {"source": "pretrained", "dtype": "float32", "min_pixels": None, "max_pixels": 12544}
+    _, proc = load_policy(ckpt, base_path=str(snap), trainable=False, model_cfg=model_cfg)
+    assert type(proc).__name__ == "Qwen2_5_VLProcessor" and proc.image_processor.size["longest_edge"] == 12544
