@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import gc
 import logging
 import os
@@ -220,6 +221,7 @@ def _stages(plan: Plan, run: RunDir, parent_s: float, dumps) -> dict | None:
     from harness.log import quiet_libraries
     from harness.stages import data as data_stage
     from harness.stages import policy as policy_stage
+    from harness.stages import preflight
     from harness.stages.finalize import finalize
     from harness.stages.resume import find
     from harness.stages.train import train
@@ -237,12 +239,7 @@ def _stages(plan: Plan, run: RunDir, parent_s: float, dumps) -> dict | None:
     data = data_stage.load_rows(plan.config, data)
     clock.lap("data")
     policy = policy_stage.build(plan, run.manifest["identity"]["model"], corpus(data.train_rows + data.test_rows),
-                                str(run.path))
-    from harness.stages.preflight import describe, model_context, prompt_lengths
-
-    lengths = prompt_lengths(plan, data, policy.processor, model_context(policy.model))
-    log.info("%s", describe(lengths, plan))
-    run.update(prompt_lengths=lengths)
+                                str(run.path), preflight=functools.partial(preflight.run, plan, run, data))
     clock.lap("model")
     parent = plan.parent and {"run_name": plan.parent.run_name, "run_dir": plan.parent.run_dir,
                               "semantic_sha256": plan.parent.identity["semantic_sha256"]}

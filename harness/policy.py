@@ -138,44 +138,55 @@ def load_policy(path: str | Path, *, base_path: str | None = None, trainable: bo
 
     `model_cfg` (the plan's config["model"]): the weights' dtype and attention backend, and the processor's
     model.min_pixels / model.max_pixels; without it, the checkpoint's own (`dtype="auto"`)."""
-    path = Path(path)
-    m = model_cfg or {}
-    if (path / "adapter_config.json").is_file():
-        from peft import PeftModel
+    return (load_policy_model(path, base_path=base_path, trainable=trainable, model_cfg=model_cfg),
+            load_policy_processor(path, base_path=base_path, model_cfg=model_cfg))
 
-        base = base_path or read_json(path / POLICY_MANIFEST)["base_path"]
-        model = _auto_model(base, m)
-        model = PeftModel.from_pretrained(model, str(path), is_trainable=trainable)
-    else:
-        base = base_path
-        model = _auto_model(str(path), m)
+
+def policy_base(path: Path, base_path: str | None) -> str | None:
+    """The base model dir of a saved policy: an adapter's base (`base_path`, else its manifest's), else base_path."""
+    if (path / "adapter_config.json").is_file():
+        return base_path or read_json(path / POLICY_MANIFEST)["base_path"]
+    return base_path
+
+
+def load_policy_model(path: str | Path, *, base_path: str | None = None, trainable: bool = True,
+                      model_cfg: dict | None = None):
+    path, m = Path(path), model_cfg or {}
+    if not (path / "adapter_config.json").is_file():
+        return _auto_model(str(path), m)
+    from peft import PeftModel
+
+    return PeftModel.from_pretrained(_auto_model(policy_base(path, base_path), m), str(path), is_trainable=trainable)
+
+
+def load_policy_processor(path: str | Path, *, base_path: str | None = None, model_cfg: dict | None = None):
+    """The processor a saved policy runs with. A run on a real checkpoint takes that checkpoint's own processor files,
+    whatever the policy dir holds: a Trainer checkpoint holds what the image-only processor saves (no video
+    processor), which the stock AutoProcessor cannot rebuild."""
+    path, m = Path(path), model_cfg or {}
+    base = policy_base(path, base_path)
     if m.get("source") == "pretrained" and base:
-        # a real checkpoint's own processor files, whatever the policy dir holds: a Trainer checkpoint holds what
-        # the image-only processor saves (no video processor), which the stock AutoProcessor cannot rebuild
-        proc_dir = Path(base)
-    else:
-        proc_dir = path if (path / "tokenizer_config.json").exists() else Path(base)
-    processor = load_processing(proc_dir, m)
-    return model, processor
+        return load_processing(Path(base), m)
+    return load_processing(path if (path / "tokenizer_config.json").exists() else Path(base), m)
 
 
 def load_processing(path: Path, m: dict):
     """The processor (a tokenizer for text-only models) saved in `path`: the tiny models' HarnessVLProcessor
     through AutoProcessor, a real checkpoint's through harness.models.pretrained (image-only without torchvision)."""
     import harness.models  # noqa: F401  (registers the image-only processor with AutoProcessor)
-    from harness.models.pretrained import is_harness_processor, load_processor, pixel_kwargs, set_pixels
+    from harness.models.pretrained import is_harness_processor, load_processor, set_pixels
 
-    pixels = pixel_kwargs(m.get("min_pixels"), m.get("max_pixels"))
+    lo, hi = m.get("min_pixels"), m.get("max_pixels")
     if is_harness_processor(path) or not _is_vlm_dir(path):
         from transformers import AutoProcessor
 
         processor = AutoProcessor.from_pretrained(str(path))
-        if pixels and hasattr(processor, "image_processor"):
-            set_pixels(processor.image_processor, **pixels)
-        if not hasattr(processor, "image_processor"):
+        if hasattr(processor, "image_processor"):
+            set_pixels(processor.image_processor, lo, hi)
+        else:
             processor.padding_side = "left"  # a tokenizer: generation pads prompts on the left
         return processor
-    return load_processor(path, is_vlm=True, **pixels)
+    return load_processor(path, min_pixels=lo, max_pixels=hi)
 
 
 def _is_vlm_dir(path: Path) -> bool:

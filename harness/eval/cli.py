@@ -159,7 +159,7 @@ def evaluate(job: SimpleNamespace) -> dict:
     from harness.data import load_split
     from harness.eval.greedy import eval_rows, run_eval
     from harness.identity import code_identity
-    from harness.models import imagecache, special_token_ids_to_suppress
+    from harness.models import imagecache
     from harness.policy import device_of, eos_token_ids, load_policy
     from harness.rewards import reward_config
 
@@ -169,7 +169,7 @@ def evaluate(job: SimpleNamespace) -> dict:
     model, processor = load_policy(job.policy_path, base_path=ident["model"].get("base_path"), trainable=False,
                                    model_cfg=c["model"])
     imagecache.install(processor, c["model"].get("image_cache_mb", 0))  # runs planned before the field: off
-    from harness.stages.policy import fast_vision, rows_past_the_tokenizer
+    from harness.stages.policy import fast_vision, never_sampled
 
     fast_vision(model, processor, c["model"])  # the same, bit for bit, in a no-grad eval; runs planned before the fields: off
     plan = SimpleNamespace(run_name=job.manifest["run_name"], identity=ident, config=c)
@@ -177,7 +177,7 @@ def evaluate(job: SimpleNamespace) -> dict:
     return run_eval(model, processor, root, rows, plan=plan, run_dir=job.run_dir, split=job.split, label=job.label,
                     policy=str(job.policy_path.relative_to(job.run_dir)), reward_cfg=reward_config(c["reward"]),
                     is_vlm=c["model"]["is_vlm"], max_new_tokens=job.max_new_tokens, batch_size=job.batch_size,
-                    suppress_token_ids=special_token_ids_to_suppress(processor) + rows_past_the_tokenizer(model, processor),
+                    suppress_token_ids=never_sampled(model, processor),
                     eos_token_ids=eos_token_ids(processor, model),
                     extra={"policy_sha256": job.policy_sha256, "max_items": job.max_items,
                            "evaluated_by": {"command": "harness.eval", "code": code_identity()}})

@@ -27,7 +27,8 @@ def eval_rows(rows: list[dict], max_items: int | None) -> list[dict]:
     return rows[:max_items] if max_items else rows
 
 
-def _messages(row: dict, is_vlm: bool) -> list[dict]:
+def prompt_messages(row: dict, is_vlm: bool) -> list[dict]:
+    """The user turn a prompt is rendered from: the image part first (as TRL inserts it), then the text."""
     text = prompt_text(row)
     content = [{"type": "image"}, {"type": "text", "text": text}] if is_vlm else text
     return [{"role": "user", "content": content}]
@@ -67,7 +68,7 @@ def generate_greedy(model, processor, root: Path, rows: list[dict], *, is_vlm: b
     try:
         for start in range(0, len(rows), batch_size):
             batch = rows[start:start + batch_size]
-            texts = [processor.apply_chat_template(_messages(r, is_vlm), add_generation_prompt=True, tokenize=False)
+            texts = [processor.apply_chat_template(prompt_messages(r, is_vlm), add_generation_prompt=True, tokenize=False)
                      for r in batch]
             if is_vlm:
                 images = [[Image.open(root / r["images"][0]["path"]).convert("RGB")] for r in batch]
@@ -132,7 +133,7 @@ def direction_scores(model, processor, root: Path, rows: list[dict], *, is_vlm: 
             reps = []  # (row index, candidate index) per sequence
             for i in idx:
                 reps += [(i, c) for c in range(len(links[i]["candidates"]))]
-            texts = [processor.apply_chat_template(_messages(rows[i], is_vlm), add_generation_prompt=True,
+            texts = [processor.apply_chat_template(prompt_messages(rows[i], is_vlm), add_generation_prompt=True,
                                                    tokenize=False) for i, _ in reps]
             if is_vlm:
                 opened = {i: Image.open(root / rows[i]["images"][0]["path"]).convert("RGB") for i in idx}

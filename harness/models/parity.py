@@ -105,7 +105,7 @@ def compare(path, *, min_pixels: int | None = None, max_pixels: int | None = Non
     procs, outs, seconds = {}, {}, {}
     for side, stock in (("stock", True), ("image_only", False)):
         start = time.perf_counter()
-        procs[side] = load_processor(path, is_vlm=True, min_pixels=min_pixels, max_pixels=max_pixels, stock=stock)
+        procs[side] = load_processor(path, min_pixels=min_pixels, max_pixels=max_pixels, stock=stock)
         load = time.perf_counter() - start
         *outs[side], call = run(procs[side], imgs)
         seconds[side] = {"load": round(load, 4), "call": round(call, 4)}

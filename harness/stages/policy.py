@@ -7,7 +7,8 @@ from pathlib import Path
 
 from harness import dist
 from harness.errors import FieldDiff, ResumeMismatchError
-from harness.policy import Policy, apply_tuning, build_base, device_of, eos_token_ids, load_policy
+from harness.policy import (Policy, apply_tuning, build_base, device_of, eos_token_ids, load_policy_model,
+                            load_policy_processor)
 
 
 def init_of(plan, base_path: str) -> dict:
@@ -34,9 +35,12 @@ def fast_vision(model, processor, m: dict) -> None:
     fastvision.dedupe_rows(processor, bool(m.get("dedupe_rows", False)))
 
 
-def build(plan, recorded: dict, corpus: list[str], run_dir: str) -> Policy:
-    """The policy to train; `recorded` is the run's identity.model (a changed model refuses, exit 4)."""
-    from harness.models import imagecache, special_token_ids_to_suppress
+def build(plan, recorded: dict, corpus: list[str], run_dir: str, preflight=None) -> Policy:
+    """The policy to train; `recorded` is the run's identity.model (a changed model refuses, exit 4). `preflight`
+    (processor, context length) runs with the processor before the weights are loaded: a prompt that does not fit
+    is refused without waiting for a large model to load."""
+    from harness.models import imagecache
+    from harness.models.pretrained import context_length
 
     base_path, base_ident = dist.main_first(build_base, plan, corpus)  # rank 0 builds the cached model
     files = recorded.get("files_sha256")
@@ -46,13 +50,24 @@ def build(plan, recorded: dict, corpus: list[str], run_dir: str) -> Policy:
                                   "the model files changed since this run started; restore them, or start a new "
                                   "run (another output_root)")
     init = init_of(plan, base_path)
-    model, processor = load_policy(init["path"], base_path=base_path, model_cfg=plan.config["model"])
-    imagecache.install(processor, plan.config["model"]["image_cache_mb"])
-    fast_vision(model, processor, plan.config["model"])
+    m = plan.config["model"]
+    processor = load_policy_processor(init["path"], base_path=base_path, model_cfg=m)
+    if preflight is not None:
+        preflight(processor, context_length(base_path))
+    model = load_policy_model(init["path"], base_path=base_path, model_cfg=m)
+    imagecache.install(processor, m["image_cache_mb"])
+    fast_vision(model, processor, m)
     model = apply_tuning(model, plan)
     model.to(device_of(plan))
-    suppress = special_token_ids_to_suppress(processor) + rows_past_the_tokenizer(model, processor)
-    return Policy(model, processor, base_path, base_ident, init, suppress, eos_token_ids(processor, model))
+    return Policy(model, processor, base_path, base_ident, init, never_sampled(model, processor),
+                  eos_token_ids(processor, model))
+
+
+def never_sampled(model, processor) -> list[int]:
+    """Token ids generation must never produce: the vision and chat specials, and the rows past the tokenizer."""
+    from harness.models import special_token_ids_to_suppress
+
+    return special_token_ids_to_suppress(processor) + rows_past_the_tokenizer(model, processor)
 
 
 def rows_past_the_tokenizer(model, processor) -> list[int]:

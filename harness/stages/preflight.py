@@ -3,7 +3,8 @@
 - `check_loadable(plan)`: a pretrained checkpoint's processor (tokenizer, image processor, chat template) is built
   before any run dir is claimed (the warm start's included); a failure is a ConfigError naming model.path, not a
   traceback after the warm start started.
-- `prompt_lengths(plan, data, processor)`: every training and evaluated prompt's token count with its image tokens,
+- `prompt_lengths(plan, data, processor, context)` (`run` in the policy stage, with the processor, before the
+  weights are loaded): every training and evaluated prompt's token count with its image tokens,
   as the checkpoint's processor makes them (the chat template, the tokenizer, the Qwen-VL resize rule with
   model.min_pixels / max_pixels), memoized per dataset digest and processor under `<output_root>/cache/preflight`.
   Refused (ConfigError naming the knob, exit 2) before the first training step, with the count, the worst item and the fix:
@@ -26,22 +27,23 @@ from harness.errors import ConfigError, Problem
 
 log = logging.getLogger("harness")
 PREFLIGHT_VERSION = 1
-_LOADED: dict[tuple, object] = {}
+_CHECKED: set[tuple] = set()
 
 
 def check_loadable(plan) -> None:
-    """Build a pretrained checkpoint's processor once per process (kept for the policy stage's reuse)."""
+    """Build a pretrained checkpoint's processor, once per process and setting (a sweep's jobs share it)."""
     m = plan.config["model"]
     if m["source"] != "pretrained":
         return
     path = plan.identity["model"]["path"]
     key = (path, m.get("min_pixels"), m.get("max_pixels"))
-    if key in _LOADED:
+    if key in _CHECKED:
         return
     from harness.policy import load_processing
 
     try:
-        _LOADED[key] = load_processing(Path(path), m)
+        load_processing(Path(path), m)
+        _CHECKED.add(key)
     except Exception as err:  # noqa: BLE001  (any loader failure: say which checkpoint and why, not a traceback)
         field = "model.path" if m.get("path") else "model.hub_id"
         raise ConfigError([Problem(field, m.get("path") or m.get("hub_id"),
@@ -54,21 +56,18 @@ def check_loadable(plan) -> None:
 # --- prompt lengths
 
 
-def model_context(model) -> int | None:
-    """The positions the language model was built for (max_position_embeddings of its text config)."""
-    cfg = getattr(model, "config", None)
-    text = cfg.get_text_config() if cfg is not None and hasattr(cfg, "get_text_config") else cfg
-    return getattr(text, "max_position_embeddings", None)
+def run(plan, run_dir, data, processor, context: int | None) -> None:
+    """The policy stage's preflight (before the weights load): measure, check, print, record in the manifest."""
+    lengths = prompt_lengths(plan, data, processor, context)
+    log.info("%s", describe(lengths, plan))
+    run_dir.update(prompt_lengths=lengths)
 
 
 def _messages(row: dict, is_vlm: bool, completion: str | None = None) -> list[dict]:
-    from harness.answers import prompt_text
+    from harness.eval.greedy import prompt_messages
 
-    text = prompt_text(row)
-    out = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": text}] if is_vlm else text}]
-    if completion is not None:
-        out.append({"role": "assistant", "content": completion})
-    return out
+    out = prompt_messages(row, is_vlm)
+    return out if completion is None else [*out, {"role": "assistant", "content": completion}]
 
 
 def _tokenizer(processor):
@@ -82,19 +81,18 @@ def _tokenizer_digest(tok) -> str:
     return f"{type(tok).__name__}:{hashlib.sha256(text.encode()).hexdigest()}"
 
 
-def _key(plan, data, processor, part: str) -> str:
-    """The memo key of one measured part ("prompts": train and eval prompts; "sft_rows": prompt + answer): the
-    dataset's content, the processor's template, vocabulary and image bounds, the splits measured."""
+def _key(plan, data, processor) -> dict:
+    """What a measurement depends on: the dataset's content, the processor's template, tokenizer and image bounds,
+    the splits measured. Each measured part's memo file is keyed by it and the part's name."""
     m = plan.config["model"]
     tok = _tokenizer(processor)
     ip = getattr(processor, "image_processor", None)
-    parts = {"v": PREFLIGHT_VERSION, "part": part, "data": data.content_sha256,
-             "template": getattr(processor, "chat_template", None) or tok.chat_template, "vocab": len(tok),
-             "tok": _tokenizer_digest(tok), "ip": ip and {k: getattr(ip, k, None) for k in ("patch_size", "merge_size")},
-             "size": ip and dict(ip.size), "pixels": [m.get("min_pixels"), m.get("max_pixels")],
-             "splits": [plan.config["data"]["train_split"], plan.config["data"]["eval_split"],
-                        plan.config["data"]["eval_max_items"]]}
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:24]
+    return {"v": PREFLIGHT_VERSION, "data": data.content_sha256,
+            "template": getattr(processor, "chat_template", None) or tok.chat_template, "vocab": len(tok),
+            "tok": _tokenizer_digest(tok), "ip": ip and {k: getattr(ip, k, None) for k in ("patch_size", "merge_size")},
+            "size": ip and dict(ip.size), "pixels": [m.get("min_pixels"), m.get("max_pixels")],
+            "splits": [plan.config["data"]["train_split"], plan.config["data"]["eval_split"],
+                       plan.config["data"]["eval_max_items"]]}
 
 
 def count_tokens(processor, root: Path, rows: list[dict], *, is_vlm: bool, completions: list[str] | None = None):
@@ -151,11 +149,12 @@ def _sft_rows(plan, data, processor) -> dict:
     return {"sft_rows": [n for n, _ in full]}
 
 
-def _memoized(plan, data, processor, part: str, measure) -> dict:
+def _memoized(plan, data, processor, key: dict, part: str, measure) -> dict:
     from harness.rundir import atomic_write_json
 
     cache = Path(plan.config["output_root"]) / "cache" / "preflight"
-    path = cache / f"{_key(plan, data, processor, part)}.json"
+    digest = hashlib.sha256(json.dumps({**key, "part": part}, sort_keys=True, default=str).encode()).hexdigest()
+    path = cache / f"{digest[:24]}.json"
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError):
@@ -172,9 +171,10 @@ def _memoized(plan, data, processor, part: str, measure) -> dict:
 def prompt_lengths(plan, data, processor, context: int | None) -> dict:
     """Measure (memoized: an RL arm after its warm start measures nothing), check and summarize; raises
     ConfigError when a prompt does not fit."""
-    measured = _memoized(plan, data, processor, "prompts", _prompts)
+    key = _key(plan, data, processor)
+    measured = _memoized(plan, data, processor, key, "prompts", _prompts)
     if not plan.rl:
-        measured = {**measured, **_memoized(plan, data, processor, "sft_rows", _sft_rows)}
+        measured = {**measured, **_memoized(plan, data, processor, key, "sft_rows", _sft_rows)}
     check(plan, data, measured, context)
     return summary(plan, measured, context)
 

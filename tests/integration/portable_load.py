@@ -1,7 +1,8 @@
 """Load a final_policy/ the way a user without the harness would, and generate from an image (a script, run by
-tests/integration/test_portable_policy.py in a fresh `python -I` process, outside the repo).
+tests/integration/test_portable_policy.py and test_qwen_checkpoint.py in a fresh `python -I` process, outside the
+repo).
 
-    python -I portable_load.py FOLDER IMAGE ROUTE OUT_JSON      ROUTE: auto | peft=<base dir>
+    python -I portable_load.py FOLDER IMAGE ROUTE OUT_JSON      ROUTE: auto | peft=<base dir> | pretrained
 
 The harness (and arms, tests) cannot be imported here, not even through the venv's editable install: a
 meta-path finder placed first refuses them. What the test asserts comes back in OUT_JSON: the processor's class
@@ -31,32 +32,62 @@ from PIL import Image  # noqa: E402
 from transformers import AutoModelForImageTextToText, AutoProcessor  # noqa: E402
 
 
+QUESTION = "Is the red square left of the blue circle?"
+
+
+def pieces(folder: str, image):
+    """What a Qwen-VL processor makes, from the folder's own tokenizer, image processor and chat template: on a
+    machine without torchvision transformers 5 cannot build any Qwen-VL processor (each wants a video processor)."""
+    from transformers import AutoImageProcessor, AutoTokenizer
+
+    tok, ip = AutoTokenizer.from_pretrained(folder), AutoImageProcessor.from_pretrained(folder)
+    template = json.load(open(f"{folder}/chat_template.json"))["chat_template"]
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}]
+    text = tok.apply_chat_template(messages, chat_template=template, add_generation_prompt=True, tokenize=False)
+    pixels = ip(images=[image], return_tensors="pt")
+    n = int(pixels["image_grid_thw"][0].prod()) // ip.merge_size ** 2
+    ids = tok(text.replace("<|image_pad|>", "<|image_pad|>" * n), add_special_tokens=False, return_tensors="pt")
+    return {**ids, "mm_token_type_ids": (ids["input_ids"] == tok.convert_tokens_to_ids("<|image_pad|>")).long(),
+            **pixels}
+
+
 def main(folder: str, image: str, route: str, out: str) -> None:
-    try:  # without the opt-in: refused (before the custom code it fell back to a bare tokenizer, silently)
-        refused = type(AutoProcessor.from_pretrained(folder, trust_remote_code=False)).__name__
-    except ValueError as exc:
-        refused = "ValueError: " + str(exc).splitlines()[0]
-    processor = AutoProcessor.from_pretrained(folder, trust_remote_code=True)
-    if route == "auto":
-        model = AutoModelForImageTextToText.from_pretrained(folder)
+    """ROUTE: auto | peft=<base dir> (the tiny VLMs' processor code ships in the folder: trust_remote_code=True), or
+    pretrained (a real checkpoint's processor files: AutoProcessor where torchvision imports, else `pieces`)."""
+    picture = Image.open(image).convert("RGB")
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}]
+    refused, processor = None, None
+    if route == "pretrained":
+        try:
+            processor = AutoProcessor.from_pretrained(folder)
+        except ImportError:  # every Qwen-VL processor of transformers 5 needs torchvision for its video part
+            inputs, how = pieces(folder, picture), "pieces"
     else:
+        try:  # without the opt-in: refused (before the custom code it fell back to a bare tokenizer, silently)
+            refused = type(AutoProcessor.from_pretrained(folder, trust_remote_code=False)).__name__
+        except ValueError as exc:
+            refused = "ValueError: " + str(exc).splitlines()[0]
+        processor = AutoProcessor.from_pretrained(folder, trust_remote_code=True)
+    if processor is not None:
+        prompt = processor.apply_chat_template(messages, add_generation_prompt=True)
+        inputs, how = processor(images=[picture], text=[prompt], return_tensors="pt"), "AutoProcessor"
+    if route.startswith("peft="):
         from peft import PeftModel
 
-        base = AutoModelForImageTextToText.from_pretrained(route.removeprefix("peft="))
-        model = PeftModel.from_pretrained(base, folder)
+        model = PeftModel.from_pretrained(AutoModelForImageTextToText.from_pretrained(route.removeprefix("peft=")),
+                                          folder)
+    else:  # a full model, or an adapter whose base its config names (transformers' PEFT integration)
+        model = AutoModelForImageTextToText.from_pretrained(folder)
     model.eval()
     seen = []
     (visual,) = [m for n, m in model.named_modules() if n.endswith("visual") and n.count("visual") == 1]
     visual.register_forward_hook(lambda mod, args, kwargs, output: seen.append(list(args[0].shape)), with_kwargs=True)
-    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Is the red square left of "
-                                                                                         "the blue circle?"}]}]
-    prompt = processor.apply_chat_template(messages, add_generation_prompt=True)
-    inputs = processor(images=[Image.open(image).convert("RGB")], text=[prompt], return_tensors="pt")
     with torch.no_grad():
         logits = model(**inputs).logits[0, -1]
         gen = model.generate(**inputs, max_new_tokens=4, do_sample=False)
     json.dump({
-        "without_trust_remote_code": refused, "processor_class": type(processor).__name__, "processor_module": type(processor).__module__,
+        "question": QUESTION, "processor_route": how, "without_trust_remote_code": refused,
+        "processor_class": type(processor).__name__, "processor_module": type(processor).__module__,
         "model_class": type(model).__name__, "input_keys": sorted(inputs.keys()),
         "pixel_values_shape": list(inputs["pixel_values"].shape) if "pixel_values" in inputs else None,
         "vision_tower_inputs": seen, "input_ids": inputs["input_ids"][0].tolist(),

@@ -141,13 +141,14 @@ def test_the_lora_policy_loads_without_the_harness(sweep, tmp_path):
     result = tmp_path / "loaded.json"
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
     env.update(HF_HOME=str(tmp_path / "hf"), HF_HUB_OFFLINE="1")
-    proc = subprocess.run([sys.executable, "-I", str(Path(__file__).with_name("portable_load_pretrained.py")),
-                           str(moved), str(image), str(result)], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=300, stdin=subprocess.DEVNULL)
+    proc = subprocess.run([sys.executable, "-I", str(Path(__file__).with_name("portable_load.py")), str(moved),
+                           str(image), "pretrained", str(result)], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=300, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stderr[-4000:]
     got = json.loads(result.read_text())
-    assert got["harness_modules"] == [] and got["lora_modules"] > 0
-    assert got["image_tokens"] == 4 and got["vision_tower_inputs"] == [got["pixel_values_shape"]]
+    assert got["harness_modules"] == [] and got["lora_modules"] > 0 and got["generated"]
+    # the forward pass and generate's prefill each give the vision tower the image's 16 patches (56x56)
+    assert got["vision_tower_inputs"] == [got["pixel_values_shape"]] * 2 and got["pixel_values_shape"][0] == 16
 
     model, processor = load_policy(run / "final_policy", trainable=False)
     messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": got["question"]}]}]

@@ -267,7 +267,7 @@ def test_direction_scores_match_an_unbatched_computation(grpo_run):
     from harness.answers import candidate_tokens
     from harness.answers import format_answer
     from harness.data import load_split
-    from harness.eval.greedy import _messages, direction_scores, eval_rows
+    from harness.eval.greedy import direction_scores, eval_rows, prompt_messages
     from harness.policy import load_policy
     from harness.trainsets import group_candidates, view_links
 
@@ -284,7 +284,7 @@ def test_direction_scores_match_an_unbatched_computation(grpo_run):
         assert scores is not None and len(scores) == len(cands) >= 2
         prefix, conts, n_scored = candidate_tokens([tok(format_answer(c), add_special_tokens=False)["input_ids"]
                                                     for c in cands])
-        text = proc.apply_chat_template(_messages(row, True), add_generation_prompt=True, tokenize=False)
+        text = proc.apply_chat_template(prompt_messages(row, True), add_generation_prompt=True, tokenize=False)
         enc = proc(text=[text], images=[[Image.open(root / row["images"][0]["path"]).convert("RGB")]],
                    return_tensors="pt")
         for c, (cont, n) in enumerate(zip(conts, n_scored)):

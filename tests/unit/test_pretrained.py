@@ -59,7 +59,7 @@ def test_the_fixture_has_the_hub_layout_and_loads_strictly_into_the_genuine_clas
 def test_the_stock_processor_needs_torchvision_and_the_harness_builds_the_same_class_without_it(hub_snapshot):
     from harness.models.pretrained import load_processor, video_backend
 
-    proc = load_processor(hub_snapshot(), is_vlm=True)
+    proc = load_processor(hub_snapshot())
     assert type(proc).__name__ == "Qwen2_5_VLProcessor" and type(proc).__mro__[1].__module__.startswith("transformers.")
     assert proc.tokenizer.padding_side == "left"
     if not video_backend():
@@ -242,7 +242,7 @@ def test_the_preflight_counts_what_the_processor_makes(hub_snapshot, tmp_path, f
     from harness.models.pretrained import load_processor
     from harness.stages.preflight import count_tokens
 
-    proc = load_processor(hub_snapshot(family), is_vlm=True, **pixels)
+    proc = load_processor(hub_snapshot(family), **pixels)
     rows = []
     for i, (w, h) in enumerate(((56, 56), (448, 448), (100, 37), (333, 500))):
         name = f"{i}.png"
@@ -270,7 +270,7 @@ def test_greedy_eval_is_not_moved_by_the_checkpoints_generation_config(hub_snaps
 
     path = hub_snapshot()
     model = AutoModelForImageTextToText.from_pretrained(path).eval()
-    proc = load_processor(path, is_vlm=True)
+    proc = load_processor(path)
     text = proc.apply_chat_template([{"role": "user", "content": "Say something."}], add_generation_prompt=True,
                                     tokenize=False)
     inputs = proc(text=[text], return_tensors="pt")
@@ -297,7 +297,7 @@ def test_eos_ids_and_unused_rows_come_from_the_checkpoint(hub_snapshot):
 
     path = hub_snapshot()
     model = AutoModelForImageTextToText.from_pretrained(path)
-    proc = load_processor(path, is_vlm=True)
+    proc = load_processor(path)
     tok = proc.tokenizer
     assert eos_token_ids(proc, model) == tok.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])
     assert eos_token_ids(proc) == tok.convert_tokens_to_ids(["<|im_end|>"])
@@ -364,12 +364,12 @@ def test_the_preflight_measures_once_per_dataset_and_processor(hub_snapshot, tmp
     plan = _preflight_plan("rl")
     plan.config["output_root"] = str(tmp_path)
     data = SimpleNamespace(root=tmp_path, content_sha256="d1")
-    proc = load_processor(hub_snapshot(), is_vlm=True)
+    proc = load_processor(hub_snapshot())
     preflight.prompt_lengths(plan, data, proc, 4096)
     preflight.prompt_lengths(plan, data, proc, 4096)
     assert len(calls) == 1
     preflight.prompt_lengths(plan, SimpleNamespace(root=tmp_path, content_sha256="d2"), proc, 4096)  # other data
-    preflight.prompt_lengths(plan, data, load_processor(hub_snapshot(), is_vlm=True, max_pixels=12544), 4096)
+    preflight.prompt_lengths(plan, data, load_processor(hub_snapshot(), max_pixels=12544), 4096)
     assert len(calls) == 3
 
 
@@ -389,3 +389,52 @@ def test_a_pretrained_runs_policy_takes_the_checkpoints_own_processor_files(hub_
     model_cfg = {"source": "pretrained", "dtype": "float32", "min_pixels": None, "max_pixels": 12544}
     _, proc = load_policy(ckpt, base_path=str(snap), trainable=False, model_cfg=model_cfg)
     assert type(proc).__name__ == "Qwen2_5_VLProcessor" and proc.image_processor.size["longest_edge"] == 12544
+
+
+def test_the_preflights_memo_gives_what_a_fresh_measurement_gives(hub_snapshot, tmp_path, monkeypatch):
+    """Cache on = cache off: the memoized lengths (JSON on disk) are the ones measured, and a hit measures nothing."""
+    from types import SimpleNamespace
+
+    import numpy as np
+    from PIL import Image
+
+    from harness.models.pretrained import load_processor
+    from harness.stages import preflight
+
+    rows = []
+    for i, (w, h) in enumerate(((56, 56), (448, 448), (100, 37))):
+        Image.fromarray((np.random.RandomState(i).rand(h, w, 3) * 255).astype("uint8")).save(tmp_path / f"{i}.png")
+        rows.append({"question": f"Shape {i}?", "answer_type": "word", "target": "red", "images": [{"path": f"{i}.png"}],
+                     "group_id": f"b{i}", "base_id": f"b{i}", "view_id": "full", "split": "train", "relation": "FULL"})
+    data = SimpleNamespace(root=tmp_path, content_sha256="d1", train_rows=rows, test_rows=rows[:1])
+    plan = _preflight_plan("sft", max_length=1024)
+    plan.config["output_root"] = str(tmp_path / "out")
+    proc = load_processor(hub_snapshot())
+    fresh = preflight.prompt_lengths(plan, data, proc, 4096)
+    monkeypatch.setattr(preflight, "_prompts", lambda *a: pytest.fail("measured again"))
+    monkeypatch.setattr(preflight, "_sft_rows", lambda *a: pytest.fail("measured again"))
+    assert preflight.prompt_lengths(plan, data, proc, 4096) == fresh
+    assert fresh["image_tokens_per_image"] == [4, 256] and fresh["sft_rows"]["n"] == 3
+
+
+def test_the_policy_stage_checks_the_prompts_before_it_loads_the_weights(hub_snapshot, monkeypatch):
+    """A prompt that does not fit is refused before a (large) model is loaded: the preflight gets the processor and
+    the context from config.json, the weights come after."""
+    from types import SimpleNamespace
+
+    from harness.stages import policy as policy_stage
+
+    snap = str(hub_snapshot())
+    plan = SimpleNamespace(rl=False, config={"arm": {"init": "scratch"}, "model": {"source": "pretrained", "dtype": "float32", "min_pixels": None,
+                                                       "max_pixels": None}},
+                           identity={"model": {"path": snap, "files_sha256": "x"}})
+    monkeypatch.setattr(policy_stage, "load_policy_model", lambda *a, **k: pytest.fail("the weights were loaded"))
+    seen = []
+
+    def preflight(processor, context):
+        seen.append((type(processor).__name__, context))
+        raise ConfigError([])
+
+    with pytest.raises(ConfigError):
+        policy_stage.build(plan, {}, [], "/run", preflight=preflight)
+    assert seen == [("Qwen2_5_VLProcessor", 128000)]

@@ -76,7 +76,7 @@ def test_image_only_equals_its_pieces_by_hand(checkpoints, family, max_pixels):
     from transformers import AutoImageProcessor, AutoTokenizer
 
     path = checkpoints[family]
-    proc = pretrained.load_processor(path, is_vlm=True, max_pixels=max_pixels, stock=False)
+    proc = pretrained.load_processor(path, max_pixels=max_pixels, stock=False)
     assert getattr(proc, "harness_image_only", False) and getattr(proc, "video_processor", None) is None
     if not video_backend():
         assert parity.backend(proc.image_processor) == "pil"
