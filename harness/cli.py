@@ -90,6 +90,7 @@ def _dirs(plan) -> dict[str, str]:
 
 
 _FAILED_JOBS: list[int] = []  # filled by SweepCallback in the launching process
+_INTERRUPTED_JOBS: list[tuple[int, int | None]] = []  # (job, its exit code): the same
 
 
 class SweepCallback(Callback):
@@ -108,15 +109,20 @@ class SweepCallback(Callback):
             except (OSError, ValueError) as exc:
                 jobs.append({"job": p.stem, "status": "unreadable", "error": str(exc)})
         paused = [j.get("job") for j in jobs if j.get("status") == "paused"]  # budget.stop_after_steps: on purpose
-        failed = [j.get("job") for j in jobs if j.get("status") not in ("completed", "paused")]
+        # a signal (SIGTERM, Ctrl-C): a resumable checkpoint, not a failure; the same command finishes the job
+        interrupted = [j for j in jobs if j.get("status") == "interrupted"]
+        failed = [j.get("job") for j in jobs if j.get("status") not in ("completed", "paused", "interrupted")]
         _FAILED_JOBS.extend(failed)
-        completed = len(jobs) - len(failed) - len(paused)
+        _INTERRUPTED_JOBS.extend((j.get("job"), j.get("exit_code")) for j in interrupted)
+        completed = len(jobs) - len(failed) - len(paused) - len(interrupted)
         atomic_write_json(sweep_dir / "sweep.json", {
             "finished_at": now(), "launcher": str(config.hydra.launcher.get("_target_", "")),
-            "jobs": len(jobs), "completed": completed, "paused": paused, "failed": failed,
+            "jobs": len(jobs), "completed": completed, "paused": paused,
+            "interrupted": [j.get("job") for j in interrupted], "failed": failed,
             "runs": [{k: j.get(k) for k in ("job", "status", "overrides", "run_dir", "exit_code")} for j in jobs]})
-        log.info("sweep: %d job(s), %d completed, %s%d failed; %s", len(jobs), completed,
-                 f"{len(paused)} paused, " if paused else "", len(failed), sweep_dir)
+        log.info("sweep: %d job(s), %d completed, %s%s%d failed; %s", len(jobs), completed,
+                 f"{len(paused)} paused, " if paused else "",
+                 f"{len(interrupted)} interrupted, " if interrupted else "", len(failed), sweep_dir)
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
@@ -292,6 +298,10 @@ def main() -> None:
             log.error("sweep finished with %d failed job(s): %s (see <sweep dir>/jobs/)", len(_FAILED_JOBS),
                       ", ".join(map(str, _FAILED_JOBS)))
             raise SystemExit(1)
+        if _INTERRUPTED_JOBS:  # none failed: exit as the first interrupted job did (143 for SIGTERM)
+            log.warning("sweep: %d job(s) interrupted by a signal: %s; each stopped at a checkpoint: run the same "
+                        "command to finish them", len(_INTERRUPTED_JOBS), ", ".join(str(j) for j, _ in _INTERRUPTED_JOBS))
+            raise SystemExit(_INTERRUPTED_JOBS[0][1] or 1)
         return
     code = compose_and_run(argv)
     if code:

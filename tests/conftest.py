@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -61,6 +61,87 @@ def hub_snapshot(tmp_path_factory):
         return built[family]
 
     return _get
+
+
+PINNED = {"OMP_NUM_THREADS": "1"}  # the same kernels in every launch: bitwise comparisons hold on any machine
+
+
+class TinyRuns:
+    """The default pipeline at debug=tiny (a 60-step SFT warm start, then grpo for ~8 steps, a checkpoint every 2),
+    trained once per pytest session with pinned threads and data and model caches of its own: the reference every
+    interrupted, paused or damaged run must equal, and the warm start they copy instead of training it again.
+    Tests read it and never change it: `case` and `copy` give a test its own output_root."""
+
+    ARGS = ("debug=tiny",)
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.cache_root = root / "cache"
+        self.cache = [f"data.cache_dir={self.cache_root}/data", f"model.cache_dir={self.cache_root}/models"]
+        self.straight = root / "straight"
+        proc = self.run(self.straight)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        self.stderr = proc.stderr
+        self.sft, self.grpo = run_dir_of(self.straight, "sft"), run_dir_of(self.straight, "grpo")
+
+    def run(self, out: Path, *extra: str, fault: str | None = None, env: dict | None = None,
+            timeout: float = 600) -> subprocess.CompletedProcess:
+        """`python -m harness debug=tiny output_root=OUT <the caches> EXTRA` with pinned threads (`fault`: a
+        harness.faults spec, HARNESS_FAULT)."""
+        full = {**PINNED, **({"HARNESS_FAULT": fault} if fault else {}), **(env or {})}
+        return run_harness(*self.ARGS, f"output_root={out}", *self.cache, *extra, timeout=timeout, env=full)
+
+    def case(self, out: Path, with_parent: bool = True) -> Path:
+        """A fresh output_root holding a copy of the completed warm start (unless the case is about the warm start):
+        a debug=tiny grpo, papo or evi_po run there trains only its RL part."""
+        out.mkdir(parents=True, exist_ok=True)
+        if with_parent:
+            shutil.copytree(self.sft, out / "runs" / self.sft.name)
+        return out
+
+    def copy(self, out: Path) -> Path:
+        """A copy of the whole finished output_root (warm start and grpo run) that a test may change."""
+        shutil.copytree(self.straight, out)
+        return out
+
+    def assert_same(self, out: Path, arms: tuple[str, ...] = ("grpo",)) -> None:
+        """The runs of `arms` under `out` finished and equal this session's uninterrupted ones: verify clean, the
+        same final weights, logged values, optimizer steps, ledger tokens and trace rewards (loss tokens for sft)."""
+        import json
+
+        from harness.accounting.logs import read_rows
+        from harness.verify import verify
+
+        for arm in arms:
+            a, b = (self.grpo, run_dir_of(out, "grpo")) if arm == "grpo" else (self.sft, run_dir_of(out, "sft"))
+            assert verify(b) == [], verify(b)
+            assert json.loads((b / "run_manifest.json").read_text())["status"] == "completed"
+            assert (b / "final_policy/model.safetensors").read_bytes() == \
+                (a / "final_policy/model.safetensors").read_bytes(), f"{arm}: the final weights differ"
+            assert logged_values(b) == logged_values(a), f"{arm}: the logged values differ"
+            steps = [r["step"] for r in read_rows(b / "metrics.jsonl")]
+            assert steps == sorted(set(steps)), f"{arm}: lost or duplicated metrics rows {steps}"
+            ca, cb = (json.loads((d / "completion.json").read_text()) for d in (a, b))
+            assert cb["optimizer_steps"] == ca["optimizer_steps"]
+            if arm == "grpo":
+                for log, key in (("ledgers", "tokens"), ("traces", "reward")):
+                    rows = lambda d: [(r["completion_id"], r[key]) for r in read_rows(d / f"{log}/rank-0.jsonl")]  # noqa: E731
+                    assert rows(b) == rows(a), f"{log} differ"
+                assert cb["realized_completion_tokens"] == ca["realized_completion_tokens"]
+            else:
+                assert cb["realized_loss_tokens"] == ca["realized_loss_tokens"]
+
+
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory) -> TinyRuns:
+    """This session's debug=tiny pipeline (TinyRuns), trained on first use (~25 s here)."""
+    return TinyRuns(tmp_path_factory.mktemp("tiny"))
+
+
+def run_dir_of(out: Path, arm: str) -> Path:
+    """The one run dir of `arm` under output_root `out`."""
+    (d,) = [p for p in (out / "runs").iterdir() if p.name.startswith(arm + "-")]
+    return d
 
 
 def run_harness(*args: str, module: str = "harness", cwd: Path | None = None, timeout: float = 120,
@@ -141,27 +222,34 @@ def pytest_unconfigure(config):
 
 
 def pytest_addoption(parser):
-    parser.addoption("--start-by", type=float, default=None, metavar="UNIX_TIME",
-                     help="skip, with the reason, every test not started by this time (.ci/run keeps the slow tests "
-                          "inside CI's time limit with it; ./test.sh -m slow runs them all)")
     parser.addoption("--run-first", action="append", default=[], metavar="PATH",
                      help="run the tests whose node id starts with PATH before the others, in the order given "
                           "(repeatable; the rest keep their order)")
+    parser.addoption("--shuffle", type=int, default=None, metavar="SEED",
+                     help="run the test files in a random order drawn from SEED, and each file's tests in a random "
+                          "order too (every test must pass in any order); the seed is printed in the header")
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_setup(item):
-    """Under --start-by, a test whose turn comes after that time is skipped before its fixtures are built."""
-    start_by = item.config.getoption("--start-by")
-    if start_by is not None and time.time() > start_by:
-        pytest.skip(f"not started: CI's time for the slow tests had run out (--start-by); ./test.sh -m slow runs "
-                    f"{item.nodeid}")
+def pytest_report_header(config):
+    seed = config.getoption("--shuffle")
+    return None if seed is None else f"--shuffle {seed}: files and the tests within each file in a random order"
 
 
 def pytest_collection_modifyitems(config, items):
-    """--run-first's order; gpu tests need a visible CUDA device; network tests run only with HARNESS_NETWORK=1."""
+    """--shuffle's or --run-first's order; gpu tests need a visible CUDA device; network tests run only with
+    HARNESS_NETWORK=1."""
     from harness.config.checks import cuda_visible
 
+    seed = config.getoption("--shuffle")
+    if seed is not None:  # by file, then within it: a module fixture is still built once per file
+        import random
+
+        rng, files = random.Random(seed), {}
+        for item in items:
+            files.setdefault(item.nodeid.split("::")[0], []).append(item)
+        order = list(files)
+        rng.shuffle(order)
+        items[:] = [item for f in order for item in rng.sample(files[f], len(files[f]))]
     first = config.getoption("--run-first")
     if first:
         items.sort(key=lambda item: next((i for i, p in enumerate(first) if item.nodeid.startswith(p)), len(first)))

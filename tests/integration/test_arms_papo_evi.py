@@ -1,15 +1,15 @@
 """papo and evi_po end to end through the real CLI on the tiny VLM (`arm=<arm> debug=tiny`), no mocks.
 
-One output root is shared, so the SFT warm start runs once. papo also runs interrupted (SIGKILL after
-checkpoint 4) and resumed: the resumed run must sample and score exactly what the straight run does,
-which needs the masks to be seeded by (seed, step, prompt) and not by a global RNG.
+Each starts from a copy of the session's debug=tiny warm start (tests/conftest.py), so no warm start is trained
+here. papo also runs interrupted (SIGKILL after checkpoint 4) and resumed: the resumed run must sample and score
+exactly what the straight run does, which needs the masks to be seeded by (seed, step, prompt) and not by a global
+RNG. papo is in the default suite (~25 s); evi_po's straight run is a slow test (its resume: test_resume.py).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -19,10 +19,9 @@ import pytest
 
 from harness.accounting.logs import read_rows
 from harness.verify import verify
-from tests.conftest import REPO, logged_values, run_harness
+from tests.conftest import PINNED, REPO, logged_values, run_harness
 
-pytestmark = pytest.mark.slow  # the module fixture kills, resumes and reruns papo and evi_po: ~125 s
-ENV = {"OMP_NUM_THREADS": "1"}  # the same kernels in every run, so the resumed run can match bit for bit
+ENV = PINNED  # the same kernels in every run, so the resumed run can match bit for bit
 PAPO_KEYS = ("loss/kl_prcp", "loss/papo", "papo/entropy_orig", "papo/entropy_masked", "papo/kl_clip_ratio",
              "clip_ratio/high_mean")
 EVI_KEYS = ("loss/direction", "evi/FULL/accuracy", "evi/FULL/abstain", "evi/MISSING/abstain",
@@ -49,28 +48,36 @@ def _killed_after_checkpoint(args: list[str], step: int) -> int:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    out = tmp_path_factory.mktemp("arms")
-    args = ["arm=papo", "debug=tiny", f"output_root={out}"]
-    # papo, interrupted after checkpoint 4 and resumed by the same command; then moved aside
-    assert _killed_after_checkpoint(args, 4) == -signal.SIGKILL
-    proc = run_harness(*args, timeout=300, env=ENV)
+def papo(tiny, tmp_path_factory) -> dict[str, Path]:
+    """papo straight, and papo interrupted after checkpoint 4 and resumed by the same command."""
+    out = tiny.case(tmp_path_factory.mktemp("papo") / "out")
+    assert _killed_after_checkpoint(["arm=papo", f"output_root={out}", *tiny.ARGS, *tiny.cache], 4) == -signal.SIGKILL
+    proc = tiny.run(out, "arm=papo", timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "resuming from checkpoint-4" in proc.stderr
-    first = _run_dir(out, "papo")
-    resumed = out / "resumed" / first.name  # the run dir's name is its identity: keep it
-    resumed.parent.mkdir()
-    shutil.move(str(first), resumed)
-    # the straight runs
-    result = {"out": out, "resumed": resumed}
-    for arm in ("papo", "evi_po"):
-        proc = run_harness(f"arm={arm}", "debug=tiny", f"output_root={out}", timeout=300, env=ENV)
-        assert proc.returncode == 0, proc.stderr[-4000:]
-        result[arm] = _run_dir(out, arm)
-    return result
+    straight = tiny.case(tmp_path_factory.mktemp("papo_straight") / "out")
+    proc = tiny.run(straight, "arm=papo", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return {"papo": _run_dir(straight, "papo"), "resumed": _run_dir(out, "papo")}
 
 
-@pytest.mark.parametrize("arm", ["papo", "evi_po"])
+@pytest.fixture(scope="module")
+def evi_po(tiny, tmp_path_factory) -> dict[str, Path]:
+    out = tiny.case(tmp_path_factory.mktemp("evi_po") / "out")
+    proc = tiny.run(out, "arm=evi_po", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return {"evi_po": _run_dir(out, "evi_po")}
+
+
+@pytest.fixture
+def runs(request, arm):
+    return request.getfixturevalue(arm)
+
+
+ARMS = ["papo", pytest.param("evi_po", marks=pytest.mark.slow)]
+
+
+@pytest.mark.parametrize("arm", ARMS)
 def test_run_completes_with_consistent_accounting(runs, arm):
     run = runs[arm]
     assert verify(run) == []
@@ -85,7 +92,7 @@ def test_run_completes_with_consistent_accounting(runs, arm):
     assert set(ev["per_relation"]) == {"FULL", "CONTROL", "MISSING", "SUBSTITUTE"}
 
 
-@pytest.mark.parametrize("arm, keys", [("papo", PAPO_KEYS), ("evi_po", EVI_KEYS)])
+@pytest.mark.parametrize("arm, keys", [("papo", PAPO_KEYS), pytest.param("evi_po", EVI_KEYS, marks=pytest.mark.slow)])
 def test_arm_metrics_are_logged(runs, arm, keys):
     rows = list(read_rows(runs[arm] / "metrics.jsonl"))
     comp = json.loads((runs[arm] / "completion.json").read_text())
@@ -106,8 +113,8 @@ def test_arm_metrics_are_logged(runs, arm, keys):
         assert checked >= len(rows)
 
 
-def test_resumed_papo_run_matches_the_straight_run(runs):
-    straight, resumed = runs["papo"], runs["resumed"]
+def test_resumed_papo_run_matches_the_straight_run(papo):
+    straight, resumed = papo["papo"], papo["resumed"]
     assert verify(resumed) == []
     ids = lambda run: [(r["completion_id"], r["tokens"]) for r in read_rows(run / "ledgers/rank-0.jsonl")]  # noqa: E731
     assert ids(resumed) == ids(straight)  # the same samples, step by step

@@ -3,13 +3,16 @@ and every filesystem error on the run dir, caches and output_root.
 
 - SIGKILL (harness.faults, HARNESS_FAULT=<point>:kill) at 14 points from the SFT warm start to the write of
   completion.json: the same command again finishes with a final policy, ledger, trace and logged values identical
-  to the uninterrupted run's, verify clean, no lost or duplicated rows (slow: two launches a point).
+  to the uninterrupted run's, verify clean, no lost or duplicated rows (one point, rl.step@3, in the default
+  suite; all of them with the slow tests: two launches a point).
 - 11 kinds of damage to an interrupted run dir: each is named by verify and by the resume, which falls back to an
-  intact checkpoint or refuses with what to do (the resume's decision for every kind in the default suite, the
-  whole resumed run for every kind with the slow tests).
+  intact checkpoint or refuses with what to do (the resume's decision for every kind in the default suite; the
+  whole resumed run for one kind in the default suite and for every kind with the slow tests).
 - ENOSPC (and other errnos) injected into the atomic writes and the append logs: exit 9 with the field, the file
-  and the fix, no traceback, nothing half-written that looks complete, and the same command finishes the run
-  identical to the uninterrupted one once the disk has room.
+  and the fix, no traceback, nothing half-written that looks complete (EROFS in the default suite), and the same
+  command finishes the run identical to the uninterrupted one once the disk has room (slow).
+
+The uninterrupted run and the warm start the cases copy are the session's `tiny` fixture (tests/conftest.py).
 - A file where output_root, a cache or the run dir should be, a directory where run_manifest.json should be, a
   directory that cannot be written: exit 2 or 9 with `field = value: why / fix`, no traceback.
 """
@@ -28,62 +31,16 @@ from harness.accounting.checkpoint import CHECKPOINT_MANIFEST
 from harness.accounting.logs import read_rows
 from harness.faults import FAULT_ENV, parse
 from harness.verify import verify
-from tests.conftest import logged_values, run_harness
+from tests.conftest import TinyRuns, logged_values, run_dir_of, run_harness
 
-ENV = {"OMP_NUM_THREADS": "1"}  # the same kernels in every run, so a resumed run can match bit for bit
-ARGS = ["debug=tiny"]  # grpo from a 60-step warm start, ~8 steps, a checkpoint every 2, the last 2 kept
-
-
-def _dir(out: Path, arm: str) -> Path:
-    (d,) = [p for p in (out / "runs").iterdir() if p.name.startswith(arm + "-")]
-    return d
-
-
-class Base:
-    """The uninterrupted run every faulted one must equal, and the cache and warm start the faulted ones share."""
-
-    def __init__(self, root: Path):
-        self.root = root
-        self.cache = [f"data.cache_dir={root}/cache/data", f"model.cache_dir={root}/cache/models"]
-        self.straight = root / "straight"
-        proc = self.run(self.straight)
-        assert proc.returncode == 0, proc.stderr[-4000:]
-        self.sft, self.grpo = _dir(self.straight, "sft"), _dir(self.straight, "grpo")
-
-    def run(self, out: Path, *extra: str, fault: str | None = None, timeout: float = 600):
-        env = {**ENV, FAULT_ENV: fault} if fault else ENV
-        return run_harness(*ARGS, f"output_root={out}", *self.cache, *extra, timeout=timeout, env=env)
-
-    def case(self, out: Path, with_parent: bool = True) -> Path:
-        """A fresh output_root, holding a copy of the completed warm start unless the case is about it."""
-        if with_parent:
-            shutil.copytree(self.sft, out / "runs" / self.sft.name)
-        return out
-
-    def assert_same(self, out: Path, arms: tuple[str, ...] = ("grpo",)) -> None:
-        for arm in arms:
-            a, b = (self.grpo, _dir(out, "grpo")) if arm == "grpo" else (self.sft, _dir(out, "sft"))
-            assert verify(b) == [], verify(b)
-            assert json.loads((b / "run_manifest.json").read_text())["status"] == "completed"
-            assert (b / "final_policy/model.safetensors").read_bytes() == \
-                (a / "final_policy/model.safetensors").read_bytes(), f"{arm}: the final weights differ"
-            assert logged_values(b) == logged_values(a), f"{arm}: the logged values differ"
-            steps = [r["step"] for r in read_rows(b / "metrics.jsonl")]
-            assert steps == sorted(set(steps)), f"{arm}: lost or duplicated metrics rows {steps}"
-            ca, cb = (json.loads((d / "completion.json").read_text()) for d in (a, b))
-            assert cb["optimizer_steps"] == ca["optimizer_steps"]
-            if arm == "grpo":
-                for log, key in (("ledgers", "tokens"), ("traces", "reward")):
-                    rows = lambda d: [(r["completion_id"], r[key]) for r in read_rows(d / f"{log}/rank-0.jsonl")]  # noqa: E731
-                    assert rows(b) == rows(a), f"{log} differ"
-                assert cb["realized_completion_tokens"] == ca["realized_completion_tokens"]
-            else:
-                assert cb["realized_loss_tokens"] == ca["realized_loss_tokens"]
+ARGS = list(TinyRuns.ARGS)  # grpo from a 60-step warm start, ~8 steps, a checkpoint every 2, the last 2 kept
 
 
 @pytest.fixture(scope="module")
-def base(tmp_path_factory) -> Base:
-    return Base(tmp_path_factory.mktemp("faults"))
+def base(tiny) -> TinyRuns:
+    """The uninterrupted run every faulted one must equal, and the cache and warm start the faulted ones share
+    (this session's debug=tiny pipeline, tests/conftest.py)."""
+    return tiny
 
 
 # --- the fault hook itself
@@ -118,8 +75,11 @@ KILLS = [
 ]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("point, with_parent", KILLS, ids=[k[0] for k in KILLS])
+# one point in the default suite (a kill between checkpoints, resumed from the last one: ~15 s), every point with slow
+KILL_CASES = [pytest.param(p, w, id=p, marks=[] if p == "rl.step@3" else pytest.mark.slow) for p, w in KILLS]
+
+
+@pytest.mark.parametrize("point, with_parent", KILL_CASES)
 def test_sigkill_at_a_point_then_the_same_command_equals_the_uninterrupted_run(base, tmp_path, point, with_parent):
     out = base.case(tmp_path / "out", with_parent)
     killed = base.run(out, fault=f"{point}:kill")
@@ -150,7 +110,7 @@ def test_a_periodic_eval_survives_a_kill_as_if_none_happened(base, tmp_path, poi
     assert killed.returncode == -signal.SIGKILL, f"the run was not killed at {point}: {killed.stderr[-3000:]}"
     again = base.run(out, "train.eval_steps=2")
     assert again.returncode == 0, again.stderr[-4000:]
-    a, b = _dir(straight, "grpo"), _dir(out, "grpo")
+    a, b = run_dir_of(straight, "grpo"), run_dir_of(out, "grpo")
     assert verify(b) == [], verify(b)
     assert evals(a) and evals(b) == evals(a)
     assert logged_values(b) == logged_values(a)
@@ -168,7 +128,7 @@ def killed(base, tmp_path_factory) -> Path:
     out = base.case(tmp_path_factory.mktemp("killed") / "out")
     proc = base.run(out, fault="rl.step@5:kill")
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
-    run = _dir(out, "grpo")
+    run = run_dir_of(out, "grpo")
     assert sorted(p.name for p in (run / "checkpoints").glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]
     return out
 
@@ -265,7 +225,7 @@ DAMAGE = [truncate_safetensors, flip_an_optimizer_byte, remove_rng_state, empty_
 def _damaged_copy(killed: Path, tmp_path: Path, damage) -> tuple[Path, Path, str, str]:
     out = tmp_path / "out"
     shutil.copytree(killed, out)
-    run = _dir(out, "grpo")
+    run = run_dir_of(out, "grpo")
     assert verify(run) == [], verify(run)  # intact before the damage (step 5's rows past the frontier are fine)
     found, resumes = damage(run)
     return out, run, found, resumes
@@ -344,7 +304,7 @@ def test_a_full_disk_fails_clearly_and_the_run_resumes_once_there_is_room(base, 
     assert "StorageError: the filesystem is full" in full.stderr
     assert f"output_root = '{out}': {out}/runs/" in full.stderr and "[ENOSPC]" in full.stderr, full.stderr[-2000:]
     assert "fix: free space on that filesystem" in full.stderr
-    failed = _dir(out, "grpo" if with_parent else "sft")
+    failed = run_dir_of(out, "grpo" if with_parent else "sft")
     m = json.loads((failed / "run_manifest.json").read_text())
     assert m["status"] == "failed" and m["error"]["type"] == "OSError", m["status"]
     assert not (failed / "completion.json").exists()

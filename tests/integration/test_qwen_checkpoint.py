@@ -3,7 +3,7 @@
 One sweep (`-m arm=sft,grpo,papo,evi_po,opd`, LoRA: the option's default) in one output root shares its SFT warm
 start and opd's grpo teacher; each test checks one thing of it. A kill -> resume of grpo reuses that warm start
 (a copy of the output root) and must equal the sweep's uninterrupted run; the final policy loads in a process that
-cannot import the harness. Slow: the eval CLI and the report on the sweep, and full fine-tuning of every arm.
+cannot import the harness; the eval CLI and the report read the sweep. Slow: full fine-tuning of every arm.
 """
 
 from __future__ import annotations
@@ -98,7 +98,6 @@ def test_the_run_says_how_long_its_prompts_are(sweep):
     assert "longest + arm.max_completion_length = " in stderr and "of the model's 128000 positions" in stderr
 
 
-@pytest.mark.slow  # ~8 s; the default suite's budget for this module is ~90 s
 def test_the_eval_cli_and_the_report_read_the_runs(sweep):
     """A checkpoint of the grpo run evaluated again by `python -m harness.eval` (the run's dtype and processor), and
     the sweep's report, both without a traceback."""

@@ -21,6 +21,8 @@ from harness.smoke import KILL_RUN_ENV, KILL_STEP_ENV
 from harness.verify import verify
 from tests.conftest import REPO, logged_values, run_harness
 
+PINNED = {"OMP_NUM_THREADS": "1"}  # the same kernels in every launch: bitwise comparisons hold on any machine
+
 
 def _run_dir(out: Path, arm: str) -> Path:
     (d,) = [p for p in (out / "runs").iterdir() if p.name.startswith(arm + "-")]
@@ -133,24 +135,24 @@ def _corrupt(kind: str, ckpt: Path) -> str:
 
 
 @pytest.fixture(scope="module")
-def killed_after_step_5(tmp_path_factory):
-    root = tmp_path_factory.mktemp("killed")
-    run = _killed_run(root / "out", "debug=tiny", kill_step=5, cache=root / "cache")
+def killed_after_step_5(tmp_path_factory, tiny):
+    """(the session's debug=tiny pipeline, a grpo run dir killed at the end of step 5 from its warm start)."""
+    out = tiny.case(tmp_path_factory.mktemp("killed") / "out")
+    run = _killed_run(out, "debug=tiny", kill_step=5, cache=tiny.cache_root)
     assert sorted(p.name for p in (run / "checkpoints").glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]
-    return root, run
+    return tiny, run
 
 
 @pytest.mark.slow  # the damage matrix of the default suite: tests/integration/test_faults.py
 @pytest.mark.parametrize("kind", ["digest", "torn", "missing_optimizer"])
 def test_corrupted_checkpoint_is_skipped_by_name_and_reported(killed_after_step_5, tmp_path, kind):
-    root, run = killed_after_step_5
-    out = tmp_path / "out"
+    tiny, run = killed_after_step_5
+    out = tiny.case(tmp_path / "out")  # the warm start beside it: the resume trains only grpo
     shutil.copytree(run, out / "runs" / run.name)
     copy = out / "runs" / run.name
     why = _corrupt(kind, copy / "checkpoints" / "checkpoint-4")
     assert any(why in v for v in verify(copy)), verify(copy)
-    proc = run_harness(f"output_root={out}", "debug=tiny", f"data.cache_dir={root}/cache/data",
-                       f"model.cache_dir={root}/cache/models", timeout=600)
+    proc = run_harness(f"output_root={out}", "debug=tiny", *tiny.cache, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "skipping checkpoint checkpoint-4" in proc.stderr and why in proc.stderr
     assert "resuming from checkpoint-2" in proc.stderr
@@ -162,26 +164,24 @@ def test_corrupted_checkpoint_is_skipped_by_name_and_reported(killed_after_step_
 
 @pytest.mark.slow  # the default suite stays near 15 min; damage: test_faults.py
 def test_explicit_older_checkpoint_is_refused(killed_after_step_5, tmp_path):
-    root, run = killed_after_step_5
-    out = tmp_path / "out"
+    tiny, run = killed_after_step_5
+    out = tiny.case(tmp_path / "out")  # the warm start beside it: the resume trains only grpo
     shutil.copytree(run, out / "runs" / run.name)
     older = out / "runs" / run.name / "checkpoints" / "checkpoint-2"
-    proc = run_harness(f"output_root={out}", "debug=tiny", f"resume_from={older}", f"data.cache_dir={root}/cache/data",
-                       f"model.cache_dir={root}/cache/models", timeout=600)
+    proc = run_harness(f"output_root={out}", "debug=tiny", f"resume_from={older}", *tiny.cache, timeout=600)
     assert proc.returncode == 5 and "silently roll the run back" in proc.stderr and "Traceback" not in proc.stderr
 
 
 @pytest.mark.slow  # the default suite stays near 15 min; a changed dataset stays
 def test_changed_model_files_are_refused_with_a_diff(killed_after_step_5, tmp_path):
-    root, run = killed_after_step_5
-    out = tmp_path / "out"
+    tiny, run = killed_after_step_5
+    out = tiny.case(tmp_path / "out")  # the warm start beside it: the resume trains only grpo
     shutil.copytree(run, out / "runs" / run.name)
     manifest = out / "runs" / run.name / "run_manifest.json"
     m = json.loads(manifest.read_text())
     m["identity"]["model"]["files_sha256"] = "f" * 64  # the run was made with other model files
     manifest.write_text(json.dumps(m))
-    proc = run_harness(f"output_root={out}", "debug=tiny", f"data.cache_dir={root}/cache/data",
-                       f"model.cache_dir={root}/cache/models", timeout=600)
+    proc = run_harness(f"output_root={out}", "debug=tiny", *tiny.cache, timeout=600)
     assert proc.returncode == 4 and "identity.model.files_sha256" in proc.stderr and "f" * 64 in proc.stderr
 
 
@@ -205,7 +205,7 @@ def test_changed_dataset_is_refused_with_a_diff(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("arm, moment", [("grpo", "random"), ("grpo", "after_final_checkpoint"), ("sft", "random"),
                                          ("evi_po", "random")])
-def test_sigkill_at_a_random_moment_then_resume_is_bitwise_identical(tmp_path, arm, moment):
+def test_sigkill_at_a_random_moment_then_resume_is_bitwise_identical(tiny, tmp_path, arm, moment):
     """Same command, interrupted by SIGKILL at a random moment after its first checkpoint (or right after
     its final one, while it saves the policy and evaluates) and started again, ends with the same policy
     tensors, ledger and trace (loss-token counts for sft) as the uninterrupted run, and no extra step. It must
@@ -213,19 +213,26 @@ def test_sigkill_at_a_random_moment_then_resume_is_bitwise_identical(tmp_path, a
     launch that threw the checkpoints away and retrained would be identical too)."""
     from safetensors.torch import load_file
 
-    cache = tmp_path / "cache"
-    args = ["debug=tiny", f"arm={arm}", f"data.cache_dir={cache}/data", f"model.cache_dir={cache}/models"]
-    straight = run_harness(f"output_root={tmp_path / 'a'}", *args, timeout=600)
-    assert straight.returncode == 0, straight.stderr[-3000:]
-    a = _run_dir(tmp_path / "a", arm)
+    # the session's debug=tiny pipeline: its caches, its warm start (an RL arm's) and its grpo run as the reference
+    args = ["debug=tiny", f"arm={arm}", *tiny.cache]
+    rl = arm != "sft"
+    if arm == "grpo":
+        a = tiny.grpo
+    else:
+        straight = run_harness(f"output_root={tiny.case(tmp_path / 'a', rl)}", *args, timeout=600, env=PINNED)
+        assert straight.returncode == 0, straight.stderr[-3000:]
+        a = _run_dir(tmp_path / "a", arm)
+    tiny.case(tmp_path / "b", rl)
     steps = json.loads((a / "completion.json").read_text())["optimizer_steps"]
     first = 2  # debug=tiny: a checkpoint every 2 steps
     assert steps > first + 2, f"the run is too short ({steps} steps) for a kill between checkpoints"
 
-    rng = random.Random(os.getpid())
+    # the moment is drawn from a seed the output prints (HARNESS_TEST_KILL_SEED=<n> draws another, reproducibly)
+    seed = f"{os.environ.get('HARNESS_TEST_KILL_SEED', '0')}-{arm}-{moment}"
+    rng = random.Random(seed)
     plan = json.loads(run_harness("mode=plan", f"output_root={tmp_path / 'b'}", *args).stdout)
     b = Path(plan["run_dir"])
-    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    env = {**{k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}, **PINNED}
     proc = subprocess.Popen([sys.executable, "-m", "harness", f"output_root={tmp_path / 'b'}", *args], cwd=REPO,
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     ckpt = f"checkpoint-{first if moment == 'random' else steps}"
@@ -237,12 +244,13 @@ def test_sigkill_at_a_random_moment_then_resume_is_bitwise_identical(tmp_path, a
         proc.kill()
         pytest.fail(f"{ckpt} was not published within 300 s (the run exited with {proc.poll()})")
     delay = rng.uniform(0.0, 1.0) if moment == "random" else 0.0
+    print(f"kill seed {seed!r}: SIGKILL {delay:.3f} s after {ckpt} was published")
     time.sleep(delay)
     proc.send_signal(signal.SIGKILL)
     assert proc.wait() == -signal.SIGKILL, f"the run finished {delay:.2f} s after {ckpt}, before the kill"
     assert not (b / "completion.json").exists()
     killed_at = step_of(complete_checkpoints(b)[-1])
-    resumed = run_harness(f"output_root={tmp_path / 'b'}", *args, timeout=600)
+    resumed = run_harness(f"output_root={tmp_path / 'b'}", *args, timeout=600, env=PINNED)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resuming from checkpoint-{killed_at}" in resumed.stderr, resumed.stderr[-3000:]
     audit = json.loads((b / "audits" / "resume-1-rank-0.json").read_text())

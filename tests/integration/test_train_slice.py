@@ -27,11 +27,10 @@ def _run_dir(out: Path, arm: str) -> Path:
 
 
 @pytest.fixture(scope="module")
-def grpo_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("grpo")
-    proc = run_harness("debug=tiny", f"output_root={out}", timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return out, _run_dir(out, "grpo"), proc
+def grpo_run(tiny, tmp_path_factory):
+    """(output_root, the grpo run dir): a copy of this session's debug=tiny pipeline (tests/conftest.py)."""
+    out = tiny.copy(tmp_path_factory.mktemp("grpo") / "out")
+    return out, _run_dir(out, "grpo"), tiny
 
 
 def test_completion_matches_the_ledger(grpo_run):
@@ -114,10 +113,10 @@ def test_metrics_one_row_per_logged_step(grpo_run):
 
 
 def test_parent_sft_run_is_recorded_and_complete(grpo_run):
-    out, run, _ = grpo_run
+    out, run, tiny = grpo_run
     manifest = json.loads((run / "run_manifest.json").read_text())
     parent = Path(manifest["parent"]["run_dir"])
-    assert parent == _run_dir(out, "sft")
+    assert parent == tiny.sft  # the warm start under the output_root the run trained in (`out` is a copy of it)
     assert json.loads((parent / "run_manifest.json").read_text())["status"] == "completed"
     assert verify(parent) == []
 
@@ -128,7 +127,7 @@ def test_verify_passes_and_rerun_leaves_the_run_unchanged(grpo_run):
     proc = run_harness(str(run), module="harness.verify")
     assert proc.returncode == 0, proc.stderr
     before = {p: p.stat().st_mtime_ns for p in run.rglob("*") if p.is_file() and p.name != "run.lock"}
-    again = run_harness("debug=tiny", f"output_root={out}", timeout=300)
+    again = run_harness("debug=tiny", f"output_root={out}", timeout=300)  # (the copy: its identity is unchanged)
     assert again.returncode == 0 and "already complete" in again.stderr
     after = {p: p.stat().st_mtime_ns for p in run.rglob("*") if p.is_file() and p.name != "run.lock"}
     assert before == after

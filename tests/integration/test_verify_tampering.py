@@ -64,12 +64,9 @@ def cache(tmp_path_factory) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def one_rank(tmp_path_factory, cache) -> dict[str, Path]:
-    out = tmp_path_factory.mktemp("one_rank")
-    proc = run_harness("debug=tiny", "train.eval_before=false", f"output_root={out}", *cache, timeout=600,
-                       env=ENV)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return {"grpo": _run_dir(out, "grpo"), "sft": _run_dir(out, "sft")}
+def one_rank(tiny) -> dict[str, Path]:
+    """The session's debug=tiny pipeline (tests/conftest.py): every test tampers with a copy of it."""
+    return {"grpo": tiny.grpo, "sft": tiny.sft}
 
 
 @pytest.fixture(scope="module")

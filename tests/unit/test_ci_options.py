@@ -1,11 +1,10 @@
-"""The two pytest options .ci/run relies on (tests/conftest.py): --start-by skips, with its reason, every test whose
-turn comes too late, and --run-first puts the named files first without reordering the rest."""
+"""The pytest options of tests/conftest.py: --run-first (.ci/run) puts the named files first without reordering the
+rest; --shuffle SEED runs the files, and the tests within each file, in an order drawn from the seed."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
-import time
 
 from tests.conftest import REPO
 
@@ -18,16 +17,6 @@ def _pytest(*args: str) -> subprocess.CompletedProcess:
                           cwd=REPO, capture_output=True, text=True, timeout=300)
 
 
-def test_start_by_in_the_past_skips_every_test_with_the_reason_and_in_the_future_skips_none():
-    late = _pytest(SMALL, "--start-by", str(time.time() - 1))
-    assert late.returncode == 0, late.stdout[-2000:]
-    assert " passed" not in late.stdout and " skipped" in late.stdout, late.stdout[-2000:]
-    assert "not started: CI's time for the slow tests had run out (--start-by)" in late.stdout
-    in_time = _pytest(SMALL, "--start-by", str(time.time() + 3600))
-    assert in_time.returncode == 0 and " passed" in in_time.stdout and "skipped" not in in_time.stdout, \
-        in_time.stdout[-2000:]
-
-
 def test_run_first_puts_the_named_file_first_and_keeps_the_rest_in_order():
     def order(*extra: str) -> list[str]:
         proc = _pytest("--collect-only", SMALL, OTHER, *extra)
@@ -37,3 +26,19 @@ def test_run_first_puts_the_named_file_first_and_keeps_the_rest_in_order():
     plain, first = order(), order("--run-first", OTHER)
     assert plain[0].startswith(SMALL)  # without the option, the command line's order
     assert first == [n for n in plain if n.startswith(OTHER)] + [n for n in plain if n.startswith(SMALL)]
+
+
+def test_shuffle_draws_a_reproducible_order_by_file_and_changes_it_with_the_seed():
+    def order(*extra: str) -> list[str]:
+        proc = _pytest("--collect-only", SMALL, OTHER, *extra)
+        assert proc.returncode == 0, proc.stdout[-2000:]
+        return [line for line in proc.stdout.splitlines() if "::" in line]
+
+    plain = order()
+    drawn = {seed: order("--shuffle", str(seed)) for seed in range(4)}
+    assert all(sorted(o) == sorted(plain) for o in drawn.values())  # the same tests, reordered
+    assert order("--shuffle", "1") == drawn[1]  # the seed fixes the order
+    assert len({tuple(o) for o in drawn.values()} | {tuple(plain)}) > 1
+    for o in drawn.values():  # each file's tests stay together (a module fixture is built once)
+        files = [n.split("::")[0] for n in o]
+        assert sum(a != b for a, b in zip(files, files[1:])) == 1

@@ -34,18 +34,47 @@ def test_sigusr1_writes_every_threads_stack_and_the_process_goes_on(tmp_path):
     assert signal.getsignal(signal.SIGUSR1) == before  # the handler is gone after training
 
 
-def test_the_watchdog_dumps_a_step_that_takes_too_long_and_only_then(tmp_path):
+class _Clock:
+    """The watchdog's monotonic clock, moved by the test alone: no stall of the machine can look like a hang."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def __getattr__(self, name):  # strftime, gmtime, time: the real ones
+        return getattr(time, name)
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+def test_the_watchdog_dumps_a_step_that_takes_too_long_and_only_then(tmp_path, monkeypatch):
+    import harness.diagnostics as diag
+
+    clock = _Clock()
+    monkeypatch.setattr(diag, "time", clock)
+    monkeypatch.setattr(diag, "POLL_S", 0.02)  # the watcher looks at the clock every 20 ms of real time
+
+    def idle():  # long enough for the watcher to look several times
+        time.sleep(0.2)
+
     with StackDumps(tmp_path, rank=1, hang_timeout_s=0.5) as dumps:
-        time.sleep(0.8)  # not armed yet (outside training): no dump
+        clock.now += 10.0  # not armed yet (outside training): no dump
+        idle()
         dumps.arm()
-        for _ in range(6):  # steps of 0.2 s: each re-arms the watchdog in time
-            time.sleep(0.2)
+        for _ in range(6):  # steps of 0.4 s: each re-arms the watchdog in time
+            clock.now += 0.4
+            idle()
             dumps.step_done()
         assert dumps.written == []
-        time.sleep(1.2)  # a "hung" step, blocked in C
+        clock.now += 0.6  # a "hung" step
         assert _wait_for(lambda: len(dumps.written) == 1)
+        clock.now += 5.0  # once per hang: no second dump until a step re-arms it
+        idle()
+        assert len(dumps.written) == 1
+        dumps.step_done()
         dumps.disarm()  # the end of training
-        time.sleep(0.8)
+        clock.now += 10.0
+        idle()
         assert len(dumps.written) == 1
     (hang,) = (tmp_path / "diagnostics").glob("hang-1-*.txt")
     assert "test_the_watchdog_dumps_a_step_that_takes_too_long" in hang.read_text()

@@ -17,7 +17,9 @@ def _launcher(*overrides: str) -> dict:
     from hydra import compose, initialize_config_dir
 
     from harness.cli import CONF_DIR
+    from harness.config.store import register
 
+    register(with_help=False)  # the structured schemas the config's defaults name (this module may run alone)
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3", job_name="harness"):
         cfg = compose(config_name="config", overrides=["hydra/launcher=slurm", *overrides], return_hydra_config=True)
     OmegaConf.resolve(cfg)  # interpolations into the job config (placement, output_root) resolve

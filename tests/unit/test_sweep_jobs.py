@@ -1,0 +1,97 @@
+"""What a multirun sweep records of each job (<sweep dir>/jobs/<num>.json, read by the sweep summary): a job ended
+by SIGTERM is `interrupted` with exit 143 (its run resumable, and the sweep stops there), a pause is `paused`, an
+exception is `failed` with the error (and the sweep goes on). The job goes through harness.cli's sweep entry and the
+real lifecycle (plan, claim, the manifest's status); only the run's stages are replaced by how the job ends."""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from hydra.types import RunMode
+
+from harness import cli, lifecycle
+from harness.halt import Halted
+
+
+@pytest.fixture
+def job(compose_cfg, tmp_path, monkeypatch):
+    """job(ends) -> (what the sweep entry returned or raised, the job's record, the run's manifest); `ends()` is run
+    in place of the job's stages (data, model, train, finalize)."""
+    overrides = [f"output_root={tmp_path / 'out'}", "arm=sft"]
+    cfg, choices = compose_cfg(*overrides)
+    sweep_dir = tmp_path / "sweep"
+    hc = SimpleNamespace(mode=RunMode.MULTIRUN, overrides=SimpleNamespace(task=overrides), job=SimpleNamespace(num=0),
+                         runtime=SimpleNamespace(choices=choices), sweep=SimpleNamespace(dir=str(sweep_dir)))
+    monkeypatch.setattr(cli, "HydraConfig", SimpleNamespace(get=lambda: hc))
+    # the entry's setup_logging finds a handler and leaves the harness logger as it is (propagating, for pytest)
+    monkeypatch.setattr(logging.getLogger("harness"), "handlers", [logging.NullHandler()])
+
+    def _job(ends):
+        monkeypatch.setattr(lifecycle, "run_stages", lambda plan, run, parent_s=0.0: ends())
+        try:
+            outcome = cli._entry(cfg)  # hydra.main hands a given config straight to the job function
+        except SystemExit as exc:
+            outcome = exc
+        record = json.loads((sweep_dir / "jobs" / "0.json").read_text())
+        manifest = json.loads((Path(record["run_dir"]) / "run_manifest.json").read_text())
+        return outcome, record, manifest
+
+    return _job
+
+
+def said(record: dict) -> str:
+    return f"{record['status']!r}, exit {record['exit_code']}, error {(record['error'] or {}).get('type')}"
+
+
+def test_a_job_ended_by_sigterm_is_recorded_interrupted_not_failed(job):
+    def sigterm():
+        raise Halted("interrupted", 3, "checkpoint-3", signum=signal.SIGTERM)
+
+    outcome, record, manifest = job(sigterm)
+    assert (record["status"], record["exit_code"], record["error"]) == ("interrupted", 143, None), \
+        f"the job's record says {said(record)}"
+    assert isinstance(outcome, SystemExit) and outcome.code == 143  # the sweep stops; the same command continues it
+    assert manifest["status"] == "interrupted" and manifest["halt"]["signal"] == "SIGTERM"
+
+
+def test_a_paused_job_is_recorded_paused(job):
+    def pause():
+        raise Halted("paused", 3, "checkpoint-3")
+
+    outcome, record, manifest = job(pause)
+    assert (record["status"], record["exit_code"], record["error"]) == ("paused", 0, None), \
+        f"the job's record says {said(record)}"
+    assert outcome is None and manifest["status"] == "paused"
+
+
+def test_a_job_that_raised_is_recorded_failed_and_the_sweep_goes_on(job):
+    def crash():
+        raise RuntimeError("boom in the train stage")
+
+    outcome, record, manifest = job(crash)
+    assert record["status"] == "failed" and record["exit_code"] is None, \
+        f"the job's record says {said(record)}"
+    assert record["error"]["type"] == "RuntimeError" and record["error"]["message"] == "boom in the train stage"
+    assert outcome is None  # not raised: the next job runs
+    assert manifest["status"] == "failed" and manifest["error"]["type"] == "RuntimeError"
+
+
+def test_the_sweep_summary_counts_paused_and_interrupted_jobs_apart_from_failed_ones(tmp_path, monkeypatch):
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    for num, (status, code) in enumerate([("completed", 0), ("paused", 0), ("failed", None), ("interrupted", 143)]):
+        (jobs / f"{num}.json").write_text(json.dumps({"job": num, "status": status, "overrides": [f"seed={num}"],
+                                                      "exit_code": code}))
+    monkeypatch.setattr(cli, "_FAILED_JOBS", [])
+    monkeypatch.setattr(cli, "_INTERRUPTED_JOBS", [])
+    config = SimpleNamespace(hydra=SimpleNamespace(sweep=SimpleNamespace(dir=str(tmp_path)), launcher={}))
+    cli.SweepCallback().on_multirun_end(config)
+    summary = json.loads((tmp_path / "sweep.json").read_text())
+    assert (summary["jobs"], summary["completed"], summary["paused"], summary["interrupted"], summary["failed"]) == \
+        (4, 1, [1], [3], [2])
+    assert cli._FAILED_JOBS == [2] and cli._INTERRUPTED_JOBS == [(3, 143)]
