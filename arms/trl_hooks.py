@@ -11,7 +11,11 @@ NOTE(trl-1.16) and pinned by tests/unit/test_trl_contract.py:
   3. `_get_per_token_logps_and_entropies` is called to score the same token ids under other pixels (TRL's
      chunking, multimodal slicing and fused log-softmax; not re-implemented).
 
-A fourth private point is SFTTrainer's token counter (`sft_token_count` below).
+  4. `_prepare_inputs` is wrapped: after TRL shuffled the round's rows and split them into micro-batches
+     (`_buffered_inputs`), each micro-batch gets the totals over its optimizer step's accumulation window of the
+     counts the arm names in `window_totals` (which rows landed in which window is known only after the shuffle).
+
+A fifth private point is SFTTrainer's token counter (`sft_token_count` below).
 """
 
 from __future__ import annotations
@@ -37,6 +41,9 @@ class ExtraTermsGRPOTrainer(GRPOTrainer):
     """
 
     extra_loss_enabled = True
+    # {key: per-row key}: each training micro-batch's `key` becomes the number of rows with a nonzero `per-row key`
+    # in its optimizer step's accumulation window, over all ranks (see _prepare_inputs)
+    window_totals: dict[str, str] = {}
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -63,6 +70,29 @@ class ExtraTermsGRPOTrainer(GRPOTrainer):
                                "(harness.rounds) no longer matches TRL; run tests/unit/test_trl_contract.py")
         batch = super()._generate_and_score_completions(inputs)
         return {**batch, **self.score_generation(inputs, batch)}
+
+    def _prepare_inputs(self, generation_batch):
+        # NOTE(trl-1.16): private hook 4. On a new round TRL generates, shuffles the round's rows (all its
+        # prompts' completions mixed), splits them into steps_per_generation micro-batches (TRL's count: the
+        # harness's steps x accumulation) and buffers them; micro-batch i is trained in optimizer step
+        # i // accumulation of the round. A window's share of a count is known only after that shuffle.
+        before = self._buffered_inputs
+        inputs = super()._prepare_inputs(generation_batch)
+        if self.model.training and self.window_totals and self._buffered_inputs is not before:
+            self._count_windows(self._buffered_inputs)
+        return inputs
+
+    def _count_windows(self, chunks: list[dict]) -> None:
+        """Write each window's totals (over ranks) into its micro-batches: `window_totals`' keys."""
+        ga = self.args.gradient_accumulation_steps
+        for key, per_row in self.window_totals.items():
+            if per_row not in chunks[0]:
+                continue
+            local = torch.stack([(c[per_row] != 0).sum().float() for c in chunks]).to(self.accelerator.device)
+            counts = self.accelerator.gather(local).view(-1, len(chunks)).sum(0)  # (micro-batches,) over ranks
+            for i, c in enumerate(chunks):
+                w = i // ga
+                c[key] = counts[w * ga:(w + 1) * ga].sum()
 
     def _get_per_token_logps_and_entropies(self, *args, **kwargs):
         # NOTE(trl-1.16): private hook 2. _compute_loss calls this exactly once for the policy log-probs
@@ -177,9 +207,11 @@ class ExtraTermsGRPOTrainer(GRPOTrainer):
             return mask.sum() / self._window_normalizer(total_tokens)
         return 1.0 / (self.current_gradient_accumulation_steps if self.model.training else 1.0)
 
-    def window_scale(self, count, total):
-        """Multiplier of a micro-batch mean over `count` items so the window sums to a mean over its items."""
-        return count / self._window_normalizer(total)
+    def window_scale(self, count, window_total):
+        """Multiplier of a micro-batch mean over `count` items so the window sums to a mean over its items;
+        `window_total`: the items of this micro-batch's window over all ranks (a `window_totals` key; in eval,
+        where a batch is neither split nor accumulated, the batch's)."""
+        return count / (window_total.clamp(min=1.0) / self.accelerator.num_processes)
 
     def gather_sum(self, value):
         """Sum of a local count over ranks (every rank must call it: a collective)."""

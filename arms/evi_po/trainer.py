@@ -33,6 +33,8 @@ class _Grader:
 class EviPoTrainer(ExtraTermsGRPOTrainer):
     """GRPOTrainer + the direction and evidence terms; see the module docstring."""
 
+    window_totals = {"evi_num_views": "evi_dir_owner"}  # the direction term: a mean over its window's views
+
     def __init__(self, *args, knobs: EviPoArm, **kwargs):
         super().__init__(*args, **kwargs)
         self.knobs = knobs

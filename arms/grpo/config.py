@@ -50,7 +50,7 @@ class GrpoArm(ArmConfig):
     epsilon: float = f(0.2, "lower clip range of the importance ratio", gt=0.0)
     epsilon_high: Optional[float] = f(None, "upper clip range (DAPO clip-higher); null = epsilon", gt=0.0)
     num_iterations: int = f(1, "optimization passes over each generation batch (mu in the GRPO paper); from the second pass the importance ratio is not 1", ge=1)
-    steps_per_generation: int = f(1, "optimizer steps served by one generation batch (prompts_per_step x this many prompts), each step on its own prompts", ge=1)
+    steps_per_generation: int = f(1, "optimizer steps served by one generation batch (prompts_per_step x this many prompts); TRL shuffles the batch's completions and each step trains on prompts_per_step x num_generations of them, mixed across the batch's prompts (not whole groups; advantages stay full-group)", ge=1)
     mask_truncated_completions: bool = f(True, "exclude truncated completions from the loss (they still count in the budget)")
 
     def check(self, cfg, out) -> None:

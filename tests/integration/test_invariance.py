@@ -18,7 +18,7 @@ is trained once. Spies on TRL's private loss inputs record what each optimizer s
 from __future__ import annotations
 
 import json
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 
 import pytest
@@ -198,7 +198,10 @@ def test_num_iterations_reuses_one_generation_for_two_steps(out, spy, arm, ga):
 
 
 @pytest.mark.parametrize("arm, ga", [("grpo", 1), ("grpo", 2), ("papo", 2)])
-def test_steps_per_generation_serves_two_steps_with_their_own_prompts(out, spy, monkeypatch, arm, ga):
+def test_steps_per_generation_splits_the_shuffled_round_between_its_steps(out, spy, monkeypatch, arm, ga):
+    """steps_per_generation=2 (docs/arms.md, Batch semantics): a round of 8 prompts x 8 completions serves two
+    steps of 32 completions each, every completion trained once per round; TRL shuffles the round before it splits
+    it, so a step trains on completions of more than prompts_per_step (4) prompts, and not on whole groups."""
     import arms.papo.trainer
 
     seeds = []  # papo: (step, slot, image) of every mask drawn; a prompt's G completions share one
@@ -211,11 +214,19 @@ def test_steps_per_generation_serves_two_steps_with_their_own_prompts(out, spy, 
     assert all(len([r for r in ledger if r["step"] == s]) == 64 for s in (0, 2))  # 2 x 4 prompts x 8
     assert [c["generation"] for c in spy if c["kind"] == "generate"] == [0, 2]
     per_step = _steps(spy)
+    G, prompts_per_step = 8, 4  # debug=tiny
     for first, second in ((0, 1), (2, 3)):
-        rows_a = {r for c in per_step[first] for r in c["rows"]}
-        rows_b = {r for c in per_step[second] for r in c["rows"]}
-        assert len(rows_a) == len(rows_b) == 32 and not rows_a & rows_b, "each step trains on its own prompts"
+        rows_a = [r for c in per_step[first] for r in c["rows"]]
+        rows_b = [r for c in per_step[second] for r in c["rows"]]
+        assert len(rows_a) == len(set(rows_a)) == len(rows_b) == len(set(rows_b)) == 32
+        assert sorted(r % 10_000 for r in rows_a + rows_b) == list(range(64)), "every completion trained once"
         assert len(per_step[first]) == len(per_step[second]) == ga
+        # a row's prompt: TRL's batch holds each prompt's G completions together (row // G) before the shuffle
+        groups = [Counter(r % 10_000 // G for r in rows) for rows in (rows_a, rows_b)]
+        print(f"steps {first}, {second}: completions per prompt {[dict(sorted(g.items())) for g in groups]}")
+        for g in groups:
+            assert len(g) > prompts_per_step, f"a step trained on whole prompt groups only: {dict(g)}"
+            assert any(n < G for n in g.values()), f"a step trained on whole prompt groups only: {dict(g)}"
     if arm == "papo":  # one mask per prompt of a round: 8 prompts at step 0, 8 at step 2, none repeated
         assert len(seeds) == len(set(seeds)) == 16 and {s[0] for s in seeds} == {0, 2}
 

@@ -1,6 +1,6 @@
 """The TRL internals papo and evi_po rely on (arms/grpo.py, `NOTE(trl-1.16)`), and the trainers built on them.
 
-Part 1 pins the contract: trl's exact version, the signatures of the two private GRPOTrainer methods
+Part 1 pins the contract: trl's exact version, the signatures of the private GRPOTrainer methods
 the arms wrap or call, that `_compute_loss` runs exactly one policy forward through the helper, and
 that TRL's buffer shuffle/split keeps the arms' per-row keys aligned. An upgrade that breaks any of
 it fails here, not mid-run.
@@ -37,6 +37,7 @@ def test_private_signatures_the_arms_rely_on():
                  "mm_token_type_ids", "token_type_ids"):
         assert name in helper, name
     assert list(inspect.signature(GRPOTrainer._generate_and_score_completions).parameters) == ["self", "inputs"]
+    assert list(inspect.signature(GRPOTrainer._prepare_inputs).parameters) == ["self", "generation_batch"]
     assert list(inspect.signature(GRPOTrainer.compute_loss).parameters) == [
         "self", "model", "inputs", "return_outputs", "num_items_in_batch"]
 
@@ -354,3 +355,40 @@ def test_extra_terms_sum_over_the_accumulation_window_like_trls_loss(env, loss_t
     else:
         whole = sum(papo_terms(p, m, mask, gamma=1.0)[0] for _, p, m, mask in parts) / 2
     assert total.item() == pytest.approx(whole.item(), rel=1e-5)
+
+
+def test_evi_po_direction_term_is_a_mean_over_the_views_of_its_own_window(env):
+    """steps_per_generation = accumulation = 2: TRL shuffles the round's rows before it splits them into 4
+    micro-batches (2 optimizer steps of 2), so a step's window holds however many views' owner rows landed in it.
+    Each window's direction term must be the mean over its own views, whatever the split: the hand computation
+    scores each view alone. Before, the normalizer was the round's views / 2, and windows of 3 and 5 views weighed
+    the term 0.75x and 1.25x."""
+    from arms.evi_po.terms import direction_loss
+
+    evi, model = build(env, "evi_po", "arm.gradient_accumulation_steps=2", "arm.steps_per_generation=2",
+                       "train.save_steps=2")
+    evi.current_gradient_accumulation_steps = 2
+    windows = []
+    for seed in range(4):  # several shuffles: at least one splits the views unevenly
+        torch.manual_seed(seed)
+        gen = next(iter(evi.get_train_dataloader()))
+        evi._buffered_inputs = None
+        mbs = []
+        for step in range(4):
+            evi._step = step
+            mbs.append(evi._prepare_inputs(gen))  # TRL generates once, shuffles, splits, buffers
+        for w in (0, 1):
+            window = mbs[2 * w: 2 * w + 2]
+            with torch.no_grad():
+                got = sum(evi._direction_term(model, mb, {}) for mb in window)
+                alone = []
+                for mb in window:
+                    for i in mb["evi_dir_owner"].nonzero().squeeze(1).tolist():
+                        scores, valid = evi.direction_scores(model, mb, [i])
+                        alone.append(direction_loss(scores, mb["evi_dir_target"][[i]], tau=evi.knobs.tau,
+                                                    candidate_mask=valid)[0])
+            assert int(window[0]["evi_num_views"]) == int(window[1]["evi_num_views"]) == len(alone)
+            if alone:
+                assert got.item() == pytest.approx(torch.stack(alone).mean().item(), rel=1e-4), (seed, w, len(alone))
+            windows.append(len(alone))
+    assert len(set(windows)) > 1, f"every shuffle split the views evenly ({windows}): the test has no uneven window"
