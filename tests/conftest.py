@@ -134,7 +134,7 @@ class TinyRuns:
 
 @pytest.fixture(scope="session")
 def tiny(tmp_path_factory) -> TinyRuns:
-    """This session's debug=tiny pipeline (TinyRuns), trained on first use (~25 s here)."""
+    """This session's debug=tiny pipeline (TinyRuns), trained on first use (~19 s here)."""
     return TinyRuns(tmp_path_factory.mktemp("tiny"))
 
 

@@ -28,7 +28,6 @@ from pathlib import Path
 import pytest
 
 from harness.accounting.checkpoint import CHECKPOINT_MANIFEST
-from harness.accounting.logs import read_rows
 from harness.faults import FAULT_ENV, parse
 from harness.verify import verify
 from tests.conftest import TinyRuns, logged_values, run_dir_of, run_harness
