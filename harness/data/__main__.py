@@ -1,4 +1,4 @@
-"""`python -m harness.data {synth,validate,convert-hf,manifest,identity}`: dataset commands.
+"""`python -m harness.data {init,synth,validate,convert-hf,manifest,identity}`: dataset commands.
 
 Every refusal prints its problems (file, line, field, why, fix) on stderr without a traceback
 and exits with the error's code (2 for data and argument problems). validate is torch-free.
@@ -10,12 +10,29 @@ import argparse
 import json
 import sys
 
+from harness.answers import ANSWER_TYPES
 from harness.errors import HarnessError
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m harness.data", description="Datasets of the harness (docs/data.md).")
     sub = p.add_subparsers(dest="cmd", required=True)
+
+    n = sub.add_parser("init", help="build a complete dataset from a table of questions plus images, or a datasets folder",
+                       description="Build a validated dataset in DIR from SRC: a CSV or JSONL table of question/answer rows next to its "
+                       "images (the table, or a folder holding exactly one), or a datasets save_to_disk folder (converted as convert-hf).")
+    n.add_argument("root", metavar="DIR", help="the dataset folder to write (absent or empty unless --force)")
+    n.add_argument("--from", dest="src", required=True, metavar="SRC", help="table.csv / table.jsonl, its folder, or a save_to_disk folder")
+    n.add_argument("--image-column", metavar="C", default="image", help="image path relative to the table's folder; 'none' for text-only (default image)")
+    n.add_argument("--question-column", metavar="C", default="question")
+    n.add_argument("--answer-column", metavar="C", default="answer")
+    n.add_argument("--answer-type", default="word", choices=ANSWER_TYPES)
+    n.add_argument("--split-column", metavar="C", default=None, help="split of each row (default: a seeded split, see --test-fraction)")
+    n.add_argument("--choices-column", metavar="C", default=None, help="options: a JSON list, or a|b|c in a CSV (keys A, B, ...)")
+    n.add_argument("--id-column", metavar="C", default=None, help="base id of each row (default: the row position, row-000000, ...)")
+    n.add_argument("--test-fraction", metavar="F", type=float, default=0.2, help="without --split-column: share of rows in test, at least 1 (default 0.2)")
+    n.add_argument("--seed", metavar="S", type=int, default=0, help="seed of that split (default 0)")
+    n.add_argument("--force", action="store_true", help="replace a non-empty DIR")
 
     s = sub.add_parser("synth", help="write the synthetic four-relation evidence set")
     s.add_argument("--out", required=True, help="output folder (must be absent or empty unless --force)")
@@ -39,7 +56,7 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--image-column", default="image", help="image column (a list of images is fine); 'none' for text-only")
     c.add_argument("--question-column", default="question")
     c.add_argument("--answer-column", default="answer")
-    c.add_argument("--answer-type", default="word", choices=("word", "number", "choice"))
+    c.add_argument("--answer-type", default="word", choices=ANSWER_TYPES)
     c.add_argument("--split-column", default=None, help="default: the DatasetDict's split names, else all train")
     c.add_argument("--choices-column", default=None, help="list of option texts (keys A, B, ...) or of {key, text}")
     c.add_argument("--relation-column", default=None, help="FULL / CONTROL / MISSING / SUBSTITUTE per row (default: all FULL)")
@@ -47,19 +64,23 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--group-column", default=None, help="question group id (default: the base id)")
     c.add_argument("--force", action="store_true", help="replace a non-empty --out")
 
-    m = sub.add_parser("manifest", help="write manifest.json for a hand-made dataset, then validate it")
+    m = sub.add_parser("manifest", help="write manifest.json for a hand-made dataset, then validate it",
+                       description="Write manifest.json for hand-written records/<split>.jsonl and images, then validate. Image "
+                       "references without a sha256 get the file's; one that differs from its file is refused unless --fill-digests.")
     m.add_argument("root")
-    m.add_argument("--fill-digests", action="store_true", help="first set the rows' image sha256 from the files")
+    m.add_argument("--fill-digests", action="store_true", help="set every row's image sha256 from the files, overwriting wrong ones")
 
-    i = sub.add_parser("identity", help="print the data identity from manifest.json (JSON)")
-    i.add_argument("root")
+    d = sub.add_parser("identity", help="print the data identity from manifest.json (JSON)")
+    d.add_argument("root")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        if args.cmd == "synth":
+        if args.cmd == "init":
+            _init(args)
+        elif args.cmd == "synth":
             from harness.data.synth import write_synthetic
             from harness.data.validate import validate_dataset
 
@@ -91,6 +112,26 @@ def main(argv: list[str] | None = None) -> int:
         print(str(e), file=sys.stderr)
         return e.exit_code
     return 0
+
+
+def _init(args: argparse.Namespace) -> None:
+    import shlex
+
+    from harness.data.init import init_dataset
+    from harness.data.validate import validate_dataset
+
+    image_column = None if args.image_column.lower() == "none" else args.image_column
+    res = init_dataset(args.root, args.src, image_column=image_column, question_column=args.question_column, answer_column=args.answer_column, answer_type=args.answer_type, split_column=args.split_column, choices_column=args.choices_column, id_column=args.id_column, test_fraction=args.test_fraction, seed=args.seed, force=args.force)
+    report = validate_dataset(res.out)  # memoized: the next `validate` only stats files
+    splits = ", ".join(f"{s} {n}" for s, n in sorted(res.splits.items(), key=lambda kv: (kv[0] != "train", kv[0])))
+    print(f"wrote {res.out} from {res.src} ({res.source}): {report.rows} rows, {res.images} images")
+    print(f"  splits: {splits} ({res.how_split})")
+    print(f"  data sha256 {report.sha256[:12]}")
+    for split, key in (("train", "data.train_split"), ("test", "data.eval_split")):
+        if split not in res.splits:
+            print(f"  note: no {split!r} split; name one of {sorted(res.splits)} with {key}=SPLIT when training")
+    root = shlex.quote(str(res.out))
+    print(f"next: python -m harness data=jsonl data.path={root}   (add mode=plan first to see the plan)")
 
 
 if __name__ == "__main__":

@@ -15,15 +15,20 @@ strings get keys A, B, C, ... and an integer answer is read as an index into the
 The output is built in a temp folder next to DIR, validated, then renamed: a conversion with
 problems leaves nothing behind, and each problem names the source row. `datasets` is imported
 inside `convert_hf` only, so the rest of harness.data stays torch-free.
+
+Shared with `python -m harness.data init` (harness/data/init.py): choices_of, target_of,
+full_row, seeded_test_rows (the seeded split by row) and build_validated (temp folder, validate, map
+problems to the source, rename).
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import shutil
 import string
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from harness.answers import ANSWER_TYPES, normalize_word
 from harness.data.manifest import DatasetWriter, check_out_dir, new_temp_dir, publish_dir
@@ -57,7 +62,8 @@ def _image_bytes(value: Any, src: Path) -> tuple[bytes, str]:
     return data, {"jpeg": "jpg"}.get(fmt, fmt)
 
 
-def _choices(value: Any) -> list[dict] | None:
+def choices_of(value: Any) -> list[dict] | None:
+    """A choices cell as [{key, text}]: a list of option texts gets keys A, B, C, ...; {key, text} items are kept."""
     if value is None:
         return None
     out = []
@@ -69,7 +75,8 @@ def _choices(value: Any) -> list[dict] | None:
     return out
 
 
-def _target(answer: Any, answer_type: str, choices: list[dict] | None) -> str:
+def target_of(answer: Any, answer_type: str, choices: list[dict] | None) -> str:
+    """An answer cell in target space: a choice answer becomes its key (index, key or option text); 4.0 becomes "4"."""
     if answer is None:
         return ""
     if answer_type == "choice" and choices:
@@ -83,6 +90,69 @@ def _target(answer: Any, answer_type: str, choices: list[dict] | None) -> str:
     if isinstance(answer, float) and answer.is_integer():
         return str(int(answer))
     return str(answer).strip()
+
+
+def n_test_rows(n: int, test_fraction: float) -> int:
+    """Rows of the test split: the fraction rounded half up, at least 1, and at most n - 1 (train keeps one)."""
+    return min(max(1, int(n * test_fraction + 0.5)), max(n - 1, 1))
+
+
+def seeded_test_rows(keys: list[str], test_fraction: float, seed: int) -> set[int]:
+    """The positions of the seeded test split: the n_test_rows(...) keys first in sha256(seed, key) order.
+
+    Deterministic across machines and Python versions; a row's place in the order depends only
+    on its own key, so appending rows moves few others.
+    """
+    order = sorted(range(len(keys)), key=lambda i: (hashlib.sha256(f"{seed}\0{keys[i]}".encode()).digest(), i))
+    return set(order[: n_test_rows(len(keys), test_fraction)])
+
+
+def full_row(base: str, split: str, question: str, answer_type: str, target: str, images: list[dict], choices: list[dict] | None, meta: dict, *, group: str | None = None, relation: str = "FULL") -> dict:
+    """One record (docs/data.md) in the field order every converter writes; view_id is the relation in lower case."""
+    row = {
+        "base_id": base,
+        "group_id": base if group is None else group,
+        "view_id": relation.lower() if relation in RELATIONS else relation,
+        "split": split,
+        "relation": relation,
+        "question": question,
+        "answer_type": answer_type,
+        "target": "" if relation == "MISSING" else target,
+        "images": images,
+        "evidence": [],
+    }
+    if choices is not None:
+        row["choices"] = choices
+    row["meta"] = meta
+    return row
+
+
+Origin = dict[tuple[str, int | None], tuple[str, int | None]]
+
+
+def build_validated(src: str | Path, out: Path, write: Callable[[Path], Origin]) -> None:
+    """Build a dataset in a temp folder next to `out`, validate it, then rename it to `out`.
+
+    `write(tmp)` writes rows, images and the manifest and returns where each records line and
+    image came from: {(file, line): (source file, source line)}; validation problems are
+    reported at those source places (the temp folder is deleted), identical ones grouped. On any
+    error nothing is left behind. Call check_out_dir first.
+    """
+    from harness.data.records import group_problems
+    from harness.data.validate import validate_dataset
+
+    tmp = new_temp_dir(out)
+    try:
+        origin = write(tmp)
+        try:
+            validate_dataset(tmp, memoize=False, group=False)
+        except DataContractError as e:
+            problems = [DataProblem(*origin[(p.file, p.line)], p.field, p.why, p.fix) if (p.file, p.line) in origin else p for p in e.problems]
+            raise DataContractError(str(src), group_problems(problems)) from None
+        publish_dir(tmp, out, replace=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def _splits(ds: Any, split_column: str | None) -> list[tuple[str | None, Any]]:
@@ -107,9 +177,15 @@ def convert_hf(
     base_column: str | None = None,
     group_column: str | None = None,
     default_split: str = "train",
+    test_fraction: float | None = None,
+    seed: int = 0,
     force: bool = False,
 ) -> Path:
-    """Convert the save_to_disk folder `src` into a validated dataset at `out`; returns `out`."""
+    """Convert the save_to_disk folder `src` into a validated dataset at `out`; returns `out`.
+
+    test_fraction: when the rows carry no split (no split_column, a plain Dataset), put this
+    share of them in `test` by the seeded split of seeded_test_rows (seed); None: all in default_split.
+    """
     import datasets  # heavy (pyarrow, and torch when installed): only here
 
     src, out = Path(src), Path(out)
@@ -127,40 +203,38 @@ def convert_hf(
     if missing:
         raise ConfigError(missing)
 
-    tmp = new_temp_dir(out)
-    try:
-        origin = _write(tmp, src, parts, image_column, question_column, answer_column, answer_type, split_column, choices_column, relation_column, base_column, group_column, default_split)
-        from harness.data.validate import validate_dataset
+    def write(tmp: Path) -> Origin:
+        return _write(tmp, src, parts, image_column, question_column, answer_column, answer_type, split_column, choices_column, relation_column, base_column, group_column, default_split, test_fraction, seed)
 
-        try:
-            validate_dataset(tmp, memoize=False)
-        except DataContractError as e:
-            # Problems point at rows of the temp folder, which is deleted: name the source row instead.
-            problems = [DataProblem(f"{src} {origin[(p.file, p.line)]}", None, p.field, p.why, p.fix) if (p.file, p.line) in origin else p for p in e.problems]
-            raise DataContractError(str(src), problems) from None
-        publish_dir(tmp, out, replace=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    build_validated(src, out, write)
     return out
 
 
-def _write(tmp: Path, src: Path, parts, image_column, question_column, answer_column, answer_type, split_column, choices_column, relation_column, base_column, group_column, default_split) -> dict:
-    """Write rows and images; returns {(records file, line): "split[name] row i"} for error messages."""
+def _write(tmp: Path, src: Path, parts, image_column, question_column, answer_column, answer_type, split_column, choices_column, relation_column, base_column, group_column, default_split, test_fraction, seed) -> Origin:
+    """Write rows and images; returns {(records file or image, line): ("SRC split NAME row i", None)} for error messages."""
     import datasets
 
     writer = DatasetWriter(tmp)
-    origin: dict[tuple[str, int], str] = {}
+    origin: Origin = {}
     lines: dict[str, int] = {}
     bad: dict[str, str] = {}  # split names that cannot be file names -> first source row
+    unreadable: list[DataProblem] = []
     n = 0
     for name, part in parts:
         if image_column is not None and isinstance(part.features.get(image_column), datasets.Image):
             part = part.cast_column(image_column, datasets.Image(decode=False))  # keep the stored bytes
+        seeded: set[int] | None = None
+        if test_fraction is not None and split_column is None and name is None:
+            keys = [str(b) for b in part[base_column]] if base_column else [f"row-{i:06d}" for i in range(len(part))]
+            seeded = seeded_test_rows(keys, test_fraction, seed)
         for i, rec in enumerate(part):
-            split = str(rec[split_column]) if split_column else (name or default_split)
+            where = f"{src} split {name or '-'} row {i}"
+            if seeded is not None:
+                split = "test" if i in seeded else "train"
+            else:
+                split = str(rec[split_column]) if split_column else (name or default_split)
             if not SPLIT_RE.fullmatch(split):
-                bad.setdefault(split, f"split {name or '-'} row {i}")
+                bad.setdefault(split, where)
                 continue
             relation = str(rec[relation_column]).upper() if relation_column else "FULL"
             base = str(rec[base_column]) if base_column else f"{name or 'row'}-{i:06d}"
@@ -168,29 +242,24 @@ def _write(tmp: Path, src: Path, parts, image_column, question_column, answer_co
             cells = [] if cells is None else cells if isinstance(cells, list) else [cells]
             images = []
             for k, cell in enumerate(cells):
-                data, ext = _image_bytes(cell, src)
+                try:
+                    data, ext = _image_bytes(cell, src)
+                except (OSError, ValueError) as e:  # a missing file, bytes PIL cannot identify, an odd cell
+                    unreadable.append(DataProblem(where, None, image_column, f"image cannot be read: {type(e).__name__}: {e}", "fix or replace that row's image"))
+                    continue
                 images.append(writer.add_image(f"{IMAGES_DIR}/{n:07d}-{k}.{ext}", data))
-            choices = _choices(rec[choices_column]) if choices_column else None
-            row = {
-                "base_id": base,
-                "group_id": str(rec[group_column]) if group_column else base,
-                "view_id": relation.lower() if relation in RELATIONS else relation,
-                "split": split,
-                "relation": relation,
-                "question": str(rec[question_column]),
-                "answer_type": answer_type,
-                "target": "" if relation == "MISSING" else _target(rec[answer_column], answer_type, choices),
-                "images": images,
-                "evidence": [],
-            }
-            if choices is not None:
-                row["choices"] = choices
-            row["meta"] = {"source_split": name, "source_index": i}
+                origin[(images[-1]["path"], None)] = (where, None)
+            choices = choices_of(rec[choices_column]) if choices_column else None
+            target = target_of(rec[answer_column], answer_type, choices)
+            row = full_row(base, split, str(rec[question_column]), answer_type, target, images, choices, {"source_split": name, "source_index": i}, group=str(rec[group_column]) if group_column else None, relation=relation)
             writer.add_row(row)
             lines[split] = lines.get(split, 0) + 1
-            origin[(records_path(split), lines[split])] = f"split {name or '-'} row {i}"
+            origin[(records_path(split), lines[split])] = (where, None)
             n += 1
-    if bad:
-        raise DataContractError(str(src), [DataProblem(f"{src} {where}", None, "split", f"split name {s!r} is not lower-case letters, digits and _", "rename the splits (e.g. train, val, test) or pass another --split-column") for s, where in bad.items()])
-    writer.finish(kind="converted", source={"format": "hf_save_to_disk", "src": str(src.resolve()), "columns": {"image": image_column, "question": question_column, "answer": answer_column, "split": split_column, "choices": choices_column, "relation": relation_column}})
+    if bad or unreadable:
+        from harness.data.records import group_problems
+
+        splits = [DataProblem(where, None, "split", f"split name {s!r} is not lower-case letters, digits and _", "rename the splits (e.g. train, val, test) or pass another --split-column") for s, where in bad.items()]
+        raise DataContractError(str(src), group_problems(splits + unreadable))
+    writer.finish(kind="converted", source={"format": "hf_save_to_disk", "src": str(src.resolve()), "columns": {"image": image_column, "question": question_column, "answer": answer_column, "split": split_column, "choices": choices_column, "relation": relation_column}, **({"test_fraction": test_fraction, "seed": seed} if test_fraction is not None else {})})
     return origin

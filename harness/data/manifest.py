@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shlex
 import shutil
 import tempfile
 from collections import Counter, defaultdict
@@ -55,10 +56,10 @@ def new_temp_dir(target: Path) -> Path:
     return Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
 
 
-def check_out_dir(out: Path, *, force: bool) -> None:
+def check_out_dir(out: Path, *, force: bool, flag: str = "--out") -> None:
     """Refuse to write a dataset over a non-empty folder unless force (it would mix two datasets)."""
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
-        raise ConfigError([Problem("--out", str(out), "exists and is not empty; writing into it would mix two datasets", "choose a new folder, or pass --force to replace it")])
+        raise ConfigError([Problem(flag, str(out), "exists and is not empty; writing into it would mix two datasets", "choose a new folder, or pass --force to replace it")])
 
 
 def publish_dir(tmp: Path, target: Path, *, replace: bool) -> bool:
@@ -82,7 +83,10 @@ def publish_dir(tmp: Path, target: Path, *, replace: bool) -> bool:
                 os.rename(target, trash)
             except FileNotFoundError:
                 continue  # someone else moved it meanwhile: try again
-            shutil.rmtree(trash, ignore_errors=True)
+            if trash.is_dir() and not trash.is_symlink():
+                shutil.rmtree(trash, ignore_errors=True)
+            else:  # --force over a file (or a link): rmtree would leave it behind
+                trash.unlink(missing_ok=True)
     raise OSError(f"could not publish {tmp} as {target} after 3 attempts")
 
 
@@ -136,7 +140,9 @@ def read_manifest(root: str | Path) -> tuple[dict, bytes]:
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
-        raise _problem(root, "manifest.json is missing (an unfinished or hand-made dataset)", "finish generation, or run `python -m harness.data manifest DIR`") from None
+        raise _problem(root, "manifest.json is missing (an unfinished or hand-made dataset); digests and row counts are checked once it exists", f"run `python -m harness.data manifest {shlex.quote(str(root))}` to write it (it also fills in the rows' image sha256); a synthetic or converted set: build it again") from None
+    except OSError as e:
+        raise _problem(root, f"manifest.json cannot be read: {e.strerror or e}", "fix its permissions, or rebuild it with `python -m harness.data manifest DIR`") from None
     try:
         m = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -224,48 +230,66 @@ def summarize(counts: dict[str, Counter], n_images: int) -> dict:
 def seal_dataset(root: str | Path, *, fill_digests: bool = False) -> dict:
     """Write manifest.json for rows and images already under `root` (`python -m harness.data manifest`).
 
-    With fill_digests, the rows' image sha256 fields are first set from the files (the records
-    files are rewritten). Rows are not judged here: run validate afterwards.
+    Every image reference without a sha256 (key absent, null or "") gets the file's digest; a
+    reference whose sha256 differs from its file is refused (a wrong digest is a typo or a
+    changed image), unless fill_digests, which sets every reference's sha256 from the files.
+    Only the lines that change are rewritten (atomically); the others keep their bytes. Every
+    problem is found before anything is written. Rows are not judged here: run validate afterwards.
     """
     from harness.data.records import IMAGE_LISTS, RECORDS_DIR, SPLIT_RE, inside_root, path_problem, read_jsonl_bytes
 
     root = Path(root)
+    if not root.is_dir():
+        raise DataContractError(str(root), [DataProblem(str(root), None, None, "dataset root is not a directory", "pass the folder that holds records/<split>.jsonl and the images")])
     real_root = str(root.resolve())
     problems: list[DataProblem] = []
     files = sorted(p for p in (root / RECORDS_DIR).glob("*.jsonl") if SPLIT_RE.fullmatch(p.stem))
     if not files:
         raise DataContractError(str(root), [DataProblem(RECORDS_DIR, None, None, "no records/<split>.jsonl files", "write one JSON object per view to records/<split>.jsonl")])
-    parsed: dict[str, list[tuple[int, Any]]] = {}
+    parsed: dict[str, tuple[bytes, list[tuple[int, Any]], set[int]]] = {}  # rel -> (bytes, rows, changed lines)
     images: dict[str, str] = {}
     counts: dict[str, Counter] = defaultdict(Counter)
     for path in files:
         rel = f"{RECORDS_DIR}/{path.name}"
-        pairs, bad = read_jsonl_bytes(path.read_bytes(), rel)
+        data = path.read_bytes()
+        pairs, bad = read_jsonl_bytes(data, rel)
         problems += bad
-        parsed[rel] = pairs
+        changed: set[int] = set()
+        parsed[rel] = (data, pairs, changed)
         for line, row in pairs:
             if not isinstance(row, dict):
                 continue
             counts[path.stem][str(row.get("relation"))] += 1
             for key in IMAGE_LISTS:
-                for ref in row.get(key) or []:
+                refs = row.get(key)
+                for i, ref in enumerate(refs if isinstance(refs, list) else []):
                     p = ref.get("path") if isinstance(ref, dict) else None
                     if path_problem(p) or not inside_root(real_root, str(root / p)) or not (root / p).is_file():
-                        problems.append(DataProblem(rel, line, key, f"image {p!r} is not a file inside the dataset root", "fix the path or add the file"))
+                        problems.append(DataProblem(rel, line, f"{key}[{i}].path", f"image {p!r} is not a file inside the dataset root", "fix the path or add the file"))
                         continue
                     if p not in images:
                         images[p] = sha256_file(root / p)
-                    if fill_digests:
+                    have = ref.get("sha256")
+                    if have == images[p]:
+                        continue
+                    if fill_digests or have in (None, ""):
                         ref["sha256"] = images[p]
+                        changed.add(line)
+                    else:
+                        problems.append(DataProblem(rel, line, f"{key}[{i}].sha256", f"{have!r} differs from the sha256 of {p} ({images[p]!r})", "correct or delete it (a missing sha256 is filled in), or pass --fill-digests to set every row's image sha256 from the files"))
     if problems:
-        raise DataContractError(str(root), problems)
+        from harness.data.records import group_problems
+
+        raise DataContractError(str(root), group_problems(problems))
     records = {}
-    for rel, pairs in parsed.items():
-        if fill_digests:
-            data = b"".join(json.dumps(row, ensure_ascii=False, separators=(",", ":")).encode("utf-8") + b"\n" for _, row in pairs)
+    for rel, (data, pairs, changed) in parsed.items():
+        if changed:
+            lines = data.split(b"\n")
+            for line, row in pairs:
+                if line in changed:
+                    lines[line - 1] = json.dumps(row, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+            data = b"\n".join(lines)
             atomic_write_bytes(root / rel, data)
-        else:
-            data = (root / rel).read_bytes()
         records[rel] = {"sha256": sha256_bytes(data), "rows": len(pairs), "bytes": len(data)}
     manifest = build_manifest(records, images, summarize(counts, len(images)), kind="custom")
     atomic_write_bytes(root / MANIFEST, manifest_bytes(manifest))

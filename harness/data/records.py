@@ -9,6 +9,7 @@ leakage, linkage) live in harness/data/validate.py. Pure and torch-free.
 from __future__ import annotations
 
 import json
+from collections import defaultdict
 import os
 import posixpath
 import re
@@ -296,3 +297,32 @@ def load_split(root: str | Path, split: str) -> list[dict]:
     if problems:
         raise DataContractError(str(root), problems)
     return [row for _, row in pairs]
+
+
+# --- one cause once
+
+GROUP_MIN = 3  # identical problems in this many places or more are reported as one
+GROUP_SHOW = 5  # places named in a grouped problem
+
+
+def group_problems(problems: list[DataProblem]) -> list[DataProblem]:
+    """Fold identical problems (same field, why and fix) found in GROUP_MIN or more places into one.
+
+    The folded problem keeps the first place's file, has no line, and its why names the count
+    and the first GROUP_SHOW places (file:line), so 40 rows missing one field read as one line.
+    Order is kept: a folded problem sits where its first occurrence was.
+    """
+    by_key: dict[tuple, list[DataProblem]] = defaultdict(list)
+    for p in problems:
+        by_key[(p.field, p.why, p.fix)].append(p)
+    out: list[DataProblem] = []
+    for p in problems:
+        same = by_key[(p.field, p.why, p.fix)]
+        if len(same) < GROUP_MIN:
+            out.append(p)
+        elif same[0] is p:
+            places = [q.file + (f":{q.line}" if q.line is not None else "") for q in same]
+            what = "rows" if all(q.line is not None for q in same) else "files" if all(q.line is None for q in same) else "places"
+            more = f" and {len(places) - GROUP_SHOW} more" if len(places) > GROUP_SHOW else ""
+            out.append(DataProblem(p.file, None, p.field, f"{p.why} (in {len(same)} {what}: {', '.join(places[:GROUP_SHOW])}{more})", p.fix))
+    return out

@@ -15,6 +15,14 @@ raises one DataContractError, or returns a ValidationReport. Checked:
   (PIL); evidence boxes lie inside their image. With workers > 1, digests and decodes run in
   that many processes (threads would not help: opening a PNG is mostly Python).
 
+One cause is reported once. Without a readable manifest.json, that is one problem with its fix
+(`python -m harness.data manifest DIR`); what follows from it (image digests that cannot be
+compared, rows whose image sha256 the manifest command fills in) is not reported, while genuine
+record problems still are (bad fields, bad JSON, missing or undecodable images, a row's
+sha256 that differs from its file). Identical problems (same field, why and fix) in
+GROUP_MIN or more places become one problem naming the count and the first GROUP_SHOW places
+(`group_problems`).
+
 Memoization: the fingerprint is the sha256 of the validator version, the real root, the
 manifest bytes, and (path, size, mtime_ns, ctime_ns, inode) of every listed file plus the
 names under records/. A success is stored as <cache_dir>/<fingerprint>.json; a second run on
@@ -30,6 +38,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import time
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass
@@ -39,7 +48,10 @@ from typing import Any
 from PIL import Image
 
 from harness.data.manifest import atomic_write_bytes, manifest_digest, read_manifest, sha256_bytes, sha256_file, summarize
-from harness.data.records import (
+from harness.data.records import (  # noqa: F401  (group_problems: re-exported)
+    GROUP_MIN,
+    GROUP_SHOW,
+    group_problems,
     IMAGE_LISTS,
     MANIFEST,
     RECORDS_DIR,
@@ -56,6 +68,8 @@ from harness.errors import DataContractError, DataProblem
 VALIDATOR_VERSION = 1
 RACY_WINDOW_NS = 50_000_000  # > the coarsest kernel clock tick (10 ms at HZ=100), with margin
 POOL_MIN_IMAGES = 256  # below this, starting worker processes costs more than it saves
+_SHA256_RE = re.compile(r"[0-9a-f]{64}")
+_REF_SHA_FIELD = re.compile(r"(%s)\[(\d+)\]\.sha256" % "|".join(IMAGE_LISTS))
 
 
 @dataclass(frozen=True)
@@ -138,6 +152,21 @@ def _memo_hit(cache_dir: Path, fp: str, root: Path, manifest: dict) -> dict | No
     return memo
 
 
+# --- one cause once
+
+
+def _blank_sha(row: dict, field: str | None) -> bool:
+    """True when `field` is a row's `<list>[i].sha256` left out, null or "" (the manifest command fills it)."""
+    m = _REF_SHA_FIELD.fullmatch(field or "")
+    if m is None:
+        return False
+    refs = row.get(m.group(1))
+    i = int(m.group(2))
+    if not isinstance(refs, list) or i >= len(refs) or not isinstance(refs[i], dict):
+        return False
+    return refs[i].get("sha256") in (None, "")
+
+
 # --- the full check
 
 
@@ -205,6 +234,9 @@ def _check_records_file(rel: str, m: dict | None, st: _State, real_root: str, ro
             st.problems.append(_p(rel, None, None, f"{len(pairs) + len(problems)} lines, manifest.json says {entry.get('rows')}", "restore the file, or rebuild the manifest"))
     for line, row in pairs:
         row_problems = check_row(row, file=rel, line=line, split=split)
+        if m is None and isinstance(row, dict):
+            # No manifest yet: `python -m harness.data manifest DIR` fills the missing digests.
+            row_problems = [p for p in row_problems if not _blank_sha(row, p.field)]
         st.problems += row_problems
         if isinstance(row, dict):
             _cross_row(row, rel, line, st)
@@ -252,28 +284,30 @@ def _check_groups(st: _State) -> None:
                     st.problems.append(_p(full["file"], full["line"], key, f"differs from the images of the group's {rel} view ({others[0]['file']}:{others[0]['line']})", f"set {key} to that view's images"))
 
 
-def _check_image(guard: RootGuard, base: str, rel: str, expected: Any) -> tuple[str, tuple[int, int] | None, list[DataProblem]]:
+def _check_image(guard: RootGuard, base: str, rel: str, expected: Any) -> tuple[str, tuple[int, int] | None, str | None, list[DataProblem]]:
+    """(rel, size or None, the file's sha256 or None, problems); expected None: no manifest digest to compare."""
     full = base + rel
     if not guard.inside(full):
-        return rel, None, [_p(rel, None, None, "resolves outside the dataset root (symlink)", "copy the image into the dataset instead of linking it")]
+        return rel, None, None, [_p(rel, None, None, "resolves outside the dataset root (symlink)", "copy the image into the dataset instead of linking it")]
     try:
         with open(full, "rb") as fh:
             data = fh.read()
     except OSError as e:
-        return rel, None, [_p(rel, None, None, f"image is missing or unreadable: {e.strerror or e}", "restore the file, or regenerate / reconvert the dataset")]
+        return rel, None, None, [_p(rel, None, None, f"image is missing or unreadable: {e.strerror or e}", "restore the file, or regenerate / reconvert the dataset")]
     problems = []
-    if sha256_bytes(data) != expected:
+    digest = sha256_bytes(data)
+    if expected is not None and digest != expected:
         problems.append(_p(rel, None, "sha256", "content differs from the sha256 in manifest.json (tampered or corrupted)", "restore the original file, or rebuild the manifest if the change is intended"))
     try:
         with Image.open(io.BytesIO(data)) as img:
             img.load()  # a full decode, not just the header
             size = img.size
     except Exception as e:  # PIL raises many types for broken files; all mean the same here
-        return rel, None, problems + [_p(rel, None, None, f"does not decode as an image: {type(e).__name__}: {e}", "replace it with a valid PNG or JPEG")]
-    return rel, size, problems
+        return rel, None, digest, problems + [_p(rel, None, None, f"does not decode as an image: {type(e).__name__}: {e}", "replace it with a valid PNG or JPEG")]
+    return rel, size, digest, problems
 
 
-def _check_image_chunk(root: str, items: list[tuple[str, Any]]) -> list[tuple[str, tuple[int, int] | None, list[DataProblem]]]:
+def _check_image_chunk(root: str, items: list[tuple[str, Any]]) -> list[tuple[str, tuple[int, int] | None, str | None, list[DataProblem]]]:
     """One worker's share (a module-level function, so a process pool can pickle it)."""
     guard = RootGuard(root)
     return [_check_image(guard, root + "/", rel, expected) for rel, expected in items]
@@ -285,12 +319,13 @@ def _check_images(root: Path, m: dict | None, st: _State, workers: int) -> dict[
         for sha, file, line, field in uses:
             if m is not None and path not in listed:
                 st.problems.append(_p(file, line, f"{field}.path", f"{path!r} is not listed in manifest.json", "add the image to the manifest (`python -m harness.data manifest DIR`)"))
-            elif m is not None and sha != listed[path]:
+            elif m is not None and sha != listed[path] and isinstance(sha, str) and _SHA256_RE.fullmatch(sha):
+                # (a missing or malformed sha256 is the row's own problem, reported by check_row)
                 st.problems.append(_p(file, line, f"{field}.sha256", f"{sha!r} differs from manifest.json's {listed[path]!r} for {path}", "copy the digest from the file (sha256sum) into the row"))
     if m is not None:
         items = [(rel, listed[rel]) for rel in sorted(listed) if path_problem(rel) is None]
-    else:  # no manifest: still check that the referenced files exist and decode
-        items = [(rel, uses[0][0]) for rel, uses in sorted(st.refs.items())]
+    else:  # no manifest: still check that the referenced files exist and decode; no digest to compare
+        items = [(rel, None) for rel in sorted(st.refs)]
     if workers > 1 and len(items) > POOL_MIN_IMAGES:
         # Processes, not threads: opening a PNG is mostly Python code, which holds the GIL.
         from concurrent.futures import ProcessPoolExecutor
@@ -302,10 +337,20 @@ def _check_images(root: Path, m: dict | None, st: _State, workers: int) -> dict[
     else:
         results = _check_image_chunk(str(root), items)
     sizes = {}
-    for rel, size, problems in results:
+    for rel, size, digest, problems in results:
+        if m is None and st.refs.get(rel):
+            # No manifest lists the image: name the first row that uses it instead.
+            _, file, line, field = st.refs[rel][0]
+            problems = [_p(file, line, f"{field}.path", f"{rel}: {p.why}", p.fix) if p.file == rel and p.line is None else p for p in problems]
         st.problems += problems
         if size is not None:
             sizes[rel] = size
+        if m is None and digest is not None:
+            # A row's own digest that is wrong is a row problem even without a manifest (the
+            # manifest command would refuse it); a missing one is filled in by that command.
+            for sha, file, line, field in st.refs.get(rel, []):
+                if isinstance(sha, str) and _SHA256_RE.fullmatch(sha) and sha != digest:
+                    st.problems.append(_p(file, line, f"{field}.sha256", f"{sha!r} differs from the sha256 of {rel} ({digest!r})", "correct it, or let `python -m harness.data manifest DIR --fill-digests` set every row's image sha256 from the files"))
     return sizes
 
 
@@ -347,11 +392,12 @@ def _full_check(root: Path, m: dict | None, manifest_error: DataContractError | 
 # --- entry point
 
 
-def validate_dataset(root: str | Path, *, cache_dir: str | Path | None = None, workers: int = 0, memoize: bool = True) -> ValidationReport:
+def validate_dataset(root: str | Path, *, cache_dir: str | Path | None = None, workers: int = 0, memoize: bool = True, group: bool = True) -> ValidationReport:
     """Check the dataset at `root`; DataContractError listing every problem, else a report.
 
     A success is memoized under `cache_dir` (default: default_cache_dir()); an unwritable cache
-    only costs the memo, never the check.
+    only costs the memo, never the check. group=False keeps one problem per place (a converter
+    maps them to its source rows, then groups them itself).
     """
     t0, t0_ns = time.perf_counter(), time.time_ns()
     root = Path(root)
@@ -370,7 +416,7 @@ def validate_dataset(root: str | Path, *, cache_dir: str | Path | None = None, w
             return ValidationReport(str(root), memo["sha256"], memo["rows"], memo["images"], memo["splits"], fp, True, time.perf_counter() - t0)
     problems, summary = _full_check(root, m, manifest_error, workers)
     if problems:
-        raise DataContractError(str(root), problems)
+        raise DataContractError(str(root), group_problems(problems) if group else problems)
     report = ValidationReport(str(root), m["sha256"], summary["rows"], summary["images"], summary["splits"], fp, False, time.perf_counter() - t0)
     if memoize and fp:
         racy = sorted(rel for rel, c in ctimes.items() if c >= t0_ns - RACY_WINDOW_NS)

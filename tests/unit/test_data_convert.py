@@ -85,6 +85,27 @@ def test_unrepresentable_rows_name_the_source_and_leave_nothing(tmp_path):
     assert not (tmp_path / "out").exists() and [p.name for p in tmp_path.iterdir()] == ["bad"]
 
 
+def test_unreadable_image_names_the_source_row(tmp_path):
+    src = tmp_path / "broken"
+    datasets.Dataset.from_dict({"image": [b"not an image", b"\x89PNG broken"], "question": ["Q?", "Q?"], "answer": ["red", "blue"]}).save_to_disk(str(src))
+    with pytest.raises(DataContractError) as e:
+        convert_hf(src, tmp_path / "out")
+    assert [(p.file, p.field) for p in e.value.problems] == [(f"{src} split - row 0", "image"), (f"{src} split - row 1", "image")]
+    assert "cannot be read" in str(e.value)
+    assert not (tmp_path / "out").exists() and [p.name for p in tmp_path.iterdir()] == ["broken"]
+
+
+def test_seeded_split_of_a_plain_dataset(tmp_path):
+    src = tmp_path / "plain"
+    datasets.Dataset.from_dict({"image": [img((i, 0, 0)) for i in range(10)], "question": ["Q?"] * 10, "answer": ["red"] * 10}).save_to_disk(str(src))
+    tests = []
+    for name in ("a", "b"):
+        out = convert_hf(src, tmp_path / name, test_fraction=0.3, seed=7)
+        tests.append([r["base_id"] for r in load_split(out, "test")])
+        assert len(load_split(out, "train")) == 7
+    assert tests[0] == tests[1] and len(tests[0]) == 3
+
+
 def test_unknown_column_lists_the_columns(src, tmp_path):
     with pytest.raises(ConfigError, match="no such column") as e:
         convert_hf(src, tmp_path / "out", question_column="prompt")

@@ -177,7 +177,7 @@ GOOD = {
         ({"answer_type": "word", "target": "<answer>red</answer>"}, "target", "well-formed"),
         ({"target": "unknown"}, "target", "abstention"),
         ({"target": ""}, "target", "abstaining is correct only on MISSING"),
-        ({"answer_type": "text"}, "answer_type", "unknown answer_type"),
+        ({"answer_type": "sentence"}, "answer_type", "unknown answer_type"),
         ({"relation": "MISSING", "evidence": [[0, 0, 1, 1]], "target": ""}, "evidence", "evidence was removed"),
         ({"evidence": [[4, 0, 2, 4]]}, "evidence[0]", "0 <= x0 < x1"),
         ({"images": [{"path": "images\\a.png", "sha256": "0" * 64}]}, "images[0].path", "backslash"),
@@ -301,10 +301,133 @@ def test_seal_a_hand_made_dataset(ds, tmp_path):
     row["images"][0]["sha256"] = "0" * 64  # a digest the user did not compute
     edit[0] = json.dumps(row).encode()
     (ds / "records" / "train.jsonl").write_bytes(b"".join(x + b"\n" for x in edit))
-    seal_dataset(ds)
-    with pytest.raises(DataContractError, match="differs from manifest.json"):
-        validate_dataset(ds, memoize=False)
+    before = (ds / "records" / "train.jsonl").read_bytes()
+    with pytest.raises(DataContractError) as e:  # a wrong digest is refused, not sealed into the manifest
+        seal_dataset(ds)
+    assert [(p.file, p.line, p.field) for p in e.value.problems] == [("records/train.jsonl", 1, "images[0].sha256")]
+    assert "--fill-digests" in e.value.problems[0].fix
+    assert not (ds / "manifest.json").exists() and (ds / "records" / "train.jsonl").read_bytes() == before
     seal_dataset(ds, fill_digests=True)
     assert validate_dataset(ds, memoize=False).rows == 96
     res = cli("-m", "harness.data", "identity", str(ds), cache=tmp_path)
     assert res.returncode == 0 and json.loads(res.stdout)["kind"] == "custom"
+
+
+# --- a dataset made by hand (docs/data.md "Your own dataset in three commands"): one cause, once
+
+
+def hand_made(root: Path, n: int = 12) -> Path:
+    """n rows (train and test) written by hand: 8x8 PNGs, image references without sha256, no manifest."""
+    from PIL import Image
+
+    (root / "images").mkdir(parents=True)
+    (root / "records").mkdir()
+    rows: dict[str, list[str]] = {"train": [], "test": []}
+    for i in range(n):
+        Image.new("RGB", (8, 8), (20 * i % 256, 0, 0)).save(root / "images" / f"{i}.png")
+        split = "test" if i % 4 == 0 else "train"
+        row = {"base_id": f"b{i}", "group_id": f"b{i}", "view_id": "full", "split": split, "relation": "FULL", "question": "What is it?",
+               "images": [{"path": f"images/{i}.png"}], "answer_type": "word", "target": "red", "evidence": []}
+        rows[split].append(json.dumps(row))
+    for split, lines in rows.items():
+        (root / "records" / f"{split}.jsonl").write_text("".join(x + "\n" for x in lines))
+    return root
+
+
+def edit_rows(root: Path, split: str, fn) -> None:
+    path = root / "records" / f"{split}.jsonl"
+    rows = [json.loads(x) for x in path.read_text().splitlines()]
+    for i, row in enumerate(rows):
+        fn(i, row)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_validate_before_the_manifest_is_one_problem(tmp_path):
+    root = hand_made(tmp_path / "ds", n=40)
+    with pytest.raises(DataContractError) as e:
+        validate_dataset(root, memoize=False)
+    (p,) = e.value.problems  # not 40 "tampered" images and 40 rows without sha256
+    assert p.file == "manifest.json" and "missing" in p.why and "python -m harness.data manifest" in p.fix
+    res = cli("-m", "harness.data", "validate", str(root), cache=tmp_path / "c")
+    assert res.returncode == 2 and res.stderr.count("\n  - ") == 1 and "Traceback" not in res.stderr, res.stderr
+
+
+def test_an_unreadable_manifest_is_one_problem_too(tmp_path):
+    root = hand_made(tmp_path / "ds")
+    (root / "manifest.json").write_text("{not json")
+    with pytest.raises(DataContractError) as e:
+        validate_dataset(root, memoize=False)
+    assert [(p.file, "does not parse" in p.why) for p in e.value.problems] == [("manifest.json", True)]
+
+
+def test_without_a_manifest_genuine_problems_are_still_reported(tmp_path):
+    root = hand_made(tmp_path / "ds")
+    edit_rows(root, "train", lambda i, r: i == 0 and r.update(colour="red"))
+    edit_rows(root, "train", lambda i, r: i == 1 and r["images"][0].update(path="images/gone.png"))
+    edit_rows(root, "train", lambda i, r: i == 2 and r["images"][0].update(sha256="a" * 64))
+    (root / "images" / "5.png").write_bytes(b"not a png")  # used by train.jsonl:4 (rows 1, 2, 3, 5 are train)
+    with pytest.raises(DataContractError) as e:
+        validate_dataset(root, memoize=False)
+    got = {(p.file, p.line, p.field) for p in e.value.problems}
+    assert got == {
+        ("manifest.json", None, None),
+        ("records/train.jsonl", 1, "colour"),
+        ("records/train.jsonl", 2, "images[0].path"),  # the missing image, named by its row
+        ("records/train.jsonl", 3, "images[0].sha256"),  # a digest that differs from the file
+        ("records/train.jsonl", 4, "images[0].path"),  # images/5.png does not decode
+    }, e.value.problems
+    text = str(e.value)
+    assert "images/gone.png: image is missing" in text and "does not decode" in text and "tampered" not in text
+
+
+def test_identical_problems_are_grouped(tmp_path):
+    root = hand_made(tmp_path / "ds", n=40)
+    seal_dataset(root)
+    for split in ("train", "test"):
+        edit_rows(root, split, lambda i, r: r.pop("target"))
+    seal_dataset(root)  # digests right, every row without a target
+    with pytest.raises(DataContractError) as e:
+        validate_dataset(root, memoize=False)
+    (p,) = e.value.problems
+    assert p.field == "target" and p.why.startswith("required field is missing (in 40 rows: records/test.jsonl:1, records/test.jsonl:2,")
+    assert p.why.endswith("and 35 more)") and p.why.count("records/") == V.GROUP_SHOW and p.fix.startswith("add target")
+    assert len(str(e.value).splitlines()) == 3  # the header, the problem, its fix
+
+
+def test_group_problems_keeps_rare_problems_and_order():
+    from harness.errors import DataProblem
+
+    ps = [DataProblem("f", n, "x", "same", "fix") for n in (1, 2)] + [DataProblem("g", 1, "y", "other", "fix")]
+    assert V.group_problems(ps) == ps  # two alike are listed as they are
+    ps = [DataProblem("g", 1, "y", "other", "fix")] + [DataProblem("f", n, "x", "same", "fix") for n in (1, 2, 3)]
+    grouped = V.group_problems(ps)
+    assert [p.why for p in grouped] == ["other", "same (in 3 rows: f:1, f:2, f:3)"] and grouped[1].line is None
+    files = [DataProblem(f"images/{n}.png", None, "sha256", "tampered", "restore") for n in range(7)]
+    assert V.group_problems(files)[0].why == "tampered (in 7 files: images/0.png, images/1.png, images/2.png, images/3.png, images/4.png and 2 more)"
+
+
+def test_manifest_fills_missing_digests_and_the_dataset_validates(tmp_path):
+    root = hand_made(tmp_path / "ds")
+    edit_rows(root, "train", lambda i, r: i == 0 and r["images"][0].update(sha256=None))
+    edit_rows(root, "train", lambda i, r: i == 1 and r["images"][0].update(sha256=""))
+    digest = sha256_bytes((root / "images" / "3.png").read_bytes())
+    edit_rows(root, "train", lambda i, r: i == 2 and r["images"][0].update(sha256=digest))  # right already: kept
+    kept = lines_of(root, "train")[2]
+    res = cli("-m", "harness.data", "manifest", str(root), cache=tmp_path / "c")
+    assert res.returncode == 0 and res.stdout.startswith("ok: 12 rows"), res.stderr
+    assert lines_of(root, "train")[2] == kept  # an unchanged line keeps its bytes
+    for split in ("train", "test"):
+        for row in map(json.loads, lines_of(root, split)):
+            assert row["images"][0]["sha256"] == sha256_bytes((root / row["images"][0]["path"]).read_bytes())
+
+
+def test_manifest_refuses_a_wrong_digest_with_the_fill_digests_fix(tmp_path):
+    root = hand_made(tmp_path / "ds")
+    edit_rows(root, "test", lambda i, r: i == 1 and r["images"][0].update(sha256="0" * 64))
+    before = lines_of(root, "test")
+    res = cli("-m", "harness.data", "manifest", str(root), cache=tmp_path / "c")
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert "records/test.jsonl:2 [images[0].sha256]" in res.stderr and "--fill-digests" in res.stderr, res.stderr
+    assert not (root / "manifest.json").exists() and lines_of(root, "test") == before
+    res = cli("-m", "harness.data", "manifest", str(root), "--fill-digests", cache=tmp_path / "c")
+    assert res.returncode == 0 and res.stdout.startswith("ok: 12 rows"), res.stderr
