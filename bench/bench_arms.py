@@ -54,7 +54,7 @@ def _trial(arm: str, plan, data: Path, rows: list[dict], init: Path, steps: int,
     from harness.policy import eos_token_ids, load_policy
     from harness.accounting.ledger import HarnessReward
     from harness.accounting.ledger import provenance_of
-    from harness.rewards import reward_config
+    from harness.stages.train import plan_rewards
     from harness.stages.resume import ResumePoint
     from harness.stages.train import open_logs
     from harness.trainsets import rl_dataset
@@ -64,7 +64,7 @@ def _trial(arm: str, plan, data: Path, rows: list[dict], init: Path, steps: int,
     model, processor = load_policy(init)
     eos = eos_token_ids(processor)
     rctx = open_logs(plan, run_dir, ResumePoint())  # this rank's ledger, trace and generation round
-    reward = HarnessReward(rctx, reward_cfg=reward_config(plan.config["reward"]), eos_token_ids=eos,
+    reward = HarnessReward(rctx, rewards=plan_rewards(plan), eos_token_ids=eos,
                            provenance=provenance_of(plan))
 
     times = {"step_time": [], "wall": []}

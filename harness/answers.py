@@ -24,7 +24,8 @@ ANSWER_REGEX (tests check the two agree on a corpus of adversarial strings).
 
 Normalizers map an answer to the *target space* of the dataset (docs/data.md):
 "" is the abstention, choice answers become the choice key ("(b)", "b.", "Option B" -> "B"),
-words are casefolded with punctuation and a leading article removed ("The Red." -> "red"),
+words (and free-form `text` answers) are casefolded with punctuation and a leading article removed
+("The Red." -> "red"),
 numbers become a canonical decimal string ("3.0", "+3", "three" -> "3"). Matching is on whole
 normalized strings, never prefixes: "not" is not "no", "unknowns" is not an abstention.
 
@@ -57,7 +58,7 @@ _ANSWER_RE = re.compile(ANSWER_REGEX)
 #: Decoded end-of-sequence markers tolerated after the answer (Qwen chat and base models).
 EOS_MARKERS = ("<|im_end|>", "<|endoftext|>")
 
-ANSWER_TYPES = ("choice", "word", "number")
+ANSWER_TYPES = ("choice", "word", "number", "text")
 
 
 @dataclass(frozen=True)
@@ -216,7 +217,7 @@ def normalize_answer(answer: str, answer_type: str, choices: Sequence[Mapping[st
     """Map a parsed answer into target space: "" for the abstention, the canonical form, or None (unrecognized)."""
     if is_abstention(answer):
         return ""
-    if answer_type == "word":
+    if answer_type in ("word", "text"):
         return normalize_word(answer) or None
     if answer_type == "number":
         return normalize_number(answer)
@@ -243,8 +244,8 @@ def target_problem(target: Any, answer_type: str, choices: Sequence[Mapping[str,
         )
     if is_abstention(target):
         return f"target normalizes to the abstention literal {ABSTAIN!r}; store abstention as the empty target \"\""
-    if answer_type == "word" and not normalize_word(target):
-        return "a word target must keep at least one letter or digit after normalization"
+    if answer_type in ("word", "text") and not normalize_word(target):
+        return f"a {answer_type} target must keep at least one letter or digit after normalization"
     if answer_type == "number" and normalize_number(target) is None:
         return "a number target must parse as one number (e.g. 3, -2.5, 1,000, three)"
     if answer_type == "choice":
@@ -272,6 +273,7 @@ _INSTRUCTION = {
     "word": "Answer with one word",
     "number": "Answer with a number",
     "choice": "Answer with the option key",
+    "text": "Answer",
 }
 
 

@@ -345,7 +345,7 @@ def console_line(step: int, max_steps: int, logs: dict, ctx: RunContext) -> str:
         used = ctx.tokens_used * ctx.world  # approximate across ranks for display; the ledgers are exact
         parts.append(f"tokens {used}/{budget} ({100 * used / budget:.0f}%)")
     elif ctx.loss_tokens:
-        parts.append(f"epoch prefix of {ctx.loss_tokens} loss tokens (cap {ctx.plan.budget['loss_token_ceiling']})")
+        parts.append(f"{ctx.loss_tokens} loss tokens planned (cap {ctx.plan.budget['loss_token_ceiling']})")
     if ctx.step_clock is not None:  # training only: not the data, model build or eval before, nor earlier starts
         t0, first = ctx.step_clock
         parts.append(f"{(time.time() - t0 - ctx.eval_s) / max(step - first, 1):.2f} s/step")

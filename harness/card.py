@@ -100,7 +100,7 @@ def _budget_rows(plan, comp: dict) -> list[tuple[str, str, str]]:
         return [("sampled completion tokens", f"{comp['completion_token_ceiling']} (budget.max_completion_tokens)",
                  str(comp["realized_completion_tokens"])),
                 ("completions", "", str(comp.get("realized_completion_count"))), steps]
-    return [("loss tokens", f"cap {comp['loss_token_ceiling']} (budget.max_loss_tokens); the epoch prefix that fits: "
+    return [("loss tokens", f"cap {comp['loss_token_ceiling']} (budget.max_loss_tokens); the prefix of the planned passes that fits: "
                             f"{comp['planned_loss_tokens']}", str(comp["realized_loss_tokens"])), steps]
 
 

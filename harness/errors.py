@@ -134,6 +134,12 @@ STORAGE_ERRNOS = {"ENOSPC": "the filesystem is full", "EDQUOT": "the disk quota 
                   "EEXIST": "a file is where a directory goes"}
 
 
+class WarmStartError(HarnessError):
+    """The SFT warm start did not teach the answer format: an RL run from it could not learn (exit 10)."""
+
+    exit_code = 10
+
+
 class StorageError(HarnessError):
     """A write of the run failed for the filesystem's reason (full, read-only, permission): exit 9. Every write of
     a run is atomic or bound to a checkpoint, so nothing half-written looks complete; the same command continues."""

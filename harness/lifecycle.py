@@ -55,9 +55,52 @@ def execute(plan: Plan) -> int:
             code = run_parent(before, role)
             if code:  # interrupted by a signal: so is this run (the same command continues both)
                 return code
+            if before is plan.parent:
+                check_warm_start(plan)
     if plan.teacher is not None and (todo or _status(plan.teacher.run_dir) == "completed"):
         plan = with_teacher_identity(plan)
     return execute_one(plan, parent_s=time.perf_counter() - t0 if ran_parent else 0.0)
+
+
+def check_warm_start(plan: Plan) -> None:
+    """Refuse to start RL from a warm start that does not write the answer format: the share of its final eval's
+    greedy answers that parse (format_valid) must reach budget.sft_warm_start_min_format. Below it, nearly every
+    completion is invalid, gets the same reward, and GRPO's group advantages are zero: the run would spend its
+    budget learning nothing."""
+    import json
+
+    from harness.errors import WarmStartError
+    from harness.eval import artifact_path
+
+    c, parent = plan.config, plan.parent
+    need = c["budget"].get("sft_warm_start_min_format", 0.0)
+    if not need or not c["train"]["eval_after"]:  # the plan warned: no eval, nothing to check
+        return
+    src = artifact_path(parent.run_dir, c["data"]["eval_split"], "final")
+    try:
+        ev = json.loads(Path(src).read_text())
+    except (OSError, ValueError):
+        raise WarmStartError(f"WarmStartError: the SFT warm start {parent.run_dir} has no final eval ({src}) to check "
+                             "its answer format against budget.sft_warm_start_min_format\n"
+                             "    fix: run it with train.eval_after=true, or set budget.sft_warm_start_min_format=0") from None
+    got = ev.get("format_valid", 0.0)
+    log.info("the SFT warm start writes a well-formed answer on %.0f%% of %d %s views (at least %.0f%% needed)",
+             100 * got, ev.get("n", 0), c["data"]["eval_split"], 100 * need)
+    if got >= need:
+        return
+    b, pc = c["budget"], parent.budget
+    sized = (f"budget.sft_warm_start_epochs={b['sft_warm_start_epochs']}" if b.get("sft_warm_start_epochs") else
+             f"budget.sft_warm_start_steps={b['sft_warm_start_steps']}")
+    passes = f" ({pc['epochs']} passes over {pc['train_rows']} training rows)" if pc.get("epochs") else ""
+    raise WarmStartError(
+        f"WarmStartError: the SFT warm start ({parent.run_name}) writes a well-formed <answer>...</answer> on only "
+        f"{100 * got:.0f}% of the {ev.get('n', 0)} {c['data']['eval_split']} views it was evaluated on (at least "
+        f"{100 * need:.0f}% needed: budget.sft_warm_start_min_format={need}). RL from it would score almost every "
+        "completion as invalid, with the same reward in a group: no advantage, no update.\n"
+        f"    the warm start: {sized}{passes}; its eval: {src}\n"
+        "    fix: train the warm start longer (raise budget.sft_warm_start_steps, or set budget.sft_warm_start_epochs), "
+        "check that the eval split asks what the training split teaches, or set budget.sft_warm_start_min_format=0 "
+        "to start RL anyway")
 
 
 def with_teacher_identity(plan: Plan) -> Plan:

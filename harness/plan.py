@@ -38,8 +38,9 @@ from harness import identity as ident
 from harness.config.checks import checkpoint_path, run_checks
 from harness.config.schema import Config, Source, SyntheticData
 from harness.config.store import TEACHER_SUFFIX, WARM_START_SUFFIX
-from harness.data.spec import synthetic_args
+from harness.data.spec import split_rows, synthetic_args
 from harness.errors import ConfigError, Problem
+from harness.reward_fns import reward_identity
 from harness.rounds import GenerationRound
 
 PLAN_VERSION = 1
@@ -112,14 +113,17 @@ def build_plan(cfg: DictConfig | Config, choices: Mapping[str, Any] | None = Non
     non_semantic = ident.non_semantic_paths(typed) + irrelevant_to_arm(typed)
     config_sha, semantic_sha = ident.config_hashes(config, non_semantic)
     model_identity = planned_model_identity(typed)
-    run_name = make_run_name(typed, semantic_sha, model_identity.get("files_sha256"))
+    data_identity = planned_data_identity(typed)
+    run_name = make_run_name(typed, semantic_sha, model_identity.get("files_sha256"), data_identity.get("content_sha256"))
     run_dir = os.path.abspath(os.path.join(typed.output_root, "runs", run_name))
     identity = {
         "config_sha256": config_sha,
         "semantic_sha256": semantic_sha,
         "non_semantic_fields": non_semantic,
-        "data": planned_data_identity(typed),
+        "data": data_identity,
         "model": model_identity,
+        # the reward functions' sources (RL arms: SFT samples nothing, scores nothing)
+        **({"reward": reward_identity(config["reward"])} if registry()[typed.arm.name].rl else {}),
         **typed.arm.extra_identity(typed),  # e.g. opd's teacher
         **(process_identity or {"code": ident.code_identity(), "environment": ident.environment_identity()}),
     }
@@ -150,12 +154,27 @@ def sft_parent(cfg: Config, overrides: list[str], process_identity: dict | None 
     seed, ...) with arm=sft, capped by budget.sft_warm_start_steps; None for every other plan."""
     if not registry()[cfg.arm.name].rl or cfg.arm.init != "sft":
         return None
-    steps, max_length = cfg.budget.sft_warm_start_steps, cfg.budget.sft_warm_start_max_length
-    length = [f"arm.max_length={max_length}"] if max_length is not None else []
-    return _derived_plan(overrides, _not_for_warm_start, WARM_START_SUFFIX,
-                         ["arm=sft", f"budget.max_steps={steps}", f"train.save_steps={steps}", *length], process_identity,
-                         whose="the SFT warm start of this run (arm.init=sft)", arm="sft",
-                         other="or set arm.init=scratch or a policy path")
+    b = cfg.budget
+    length = [f"arm.max_length={b.sft_warm_start_max_length}"] if b.sft_warm_start_max_length is not None else []
+
+    def derived(steps: int, epochs: int | None) -> Plan:
+        return _derived_plan(overrides, _not_for_warm_start, WARM_START_SUFFIX,
+                             ["arm=sft", f"arm.epochs={'null' if epochs is None else epochs}", f"budget.max_steps={steps}",
+                              f"train.save_steps={steps}", *length], process_identity,
+                             whose="the SFT warm start of this run (arm.init=sft)", arm="sft",
+                             other="or set arm.init=scratch or a policy path")
+
+    if b.sft_warm_start_epochs is None:  # sized in steps, over as many passes as they need
+        return derived(b.sft_warm_start_steps, None)
+    rows = split_rows(cfg.data, cfg.data.train_split, cfg.model.patch_size)
+    if not rows:
+        raise ConfigError([Problem("budget.sft_warm_start_epochs", b.sft_warm_start_epochs,
+                                   f"the rows of the training split {cfg.data.train_split!r} cannot be read before the "
+                                   "run (no manifest.json listing records/<split>.jsonl)",
+                                   "seal the dataset first (python -m harness.data manifest DIR), or size the warm "
+                                   "start in steps (budget.sft_warm_start_steps)")])
+    batch = derived(1, b.sft_warm_start_epochs).config["arm"]["batch_size"]  # conf/arm/sft.yaml's, as composed
+    return derived(-(-b.sft_warm_start_epochs * rows // batch), b.sft_warm_start_epochs)
 
 
 def teacher_plan(cfg: Config, overrides: list[str], process_identity: dict | None = None) -> Plan | None:
@@ -232,8 +251,8 @@ def irrelevant_to_arm(cfg: Config) -> list[str]:
     """
     if registry()[cfg.arm.name].rl:
         return ["budget.max_loss_tokens"]
-    return ["budget.max_completion_tokens", "budget.sft_warm_start_steps", "budget.sft_warm_start_max_length", "rollout",
-            "reward", "train.eval_before"]
+    return ["budget.max_completion_tokens", "budget.sft_warm_start_steps", "budget.sft_warm_start_epochs",
+            "budget.sft_warm_start_max_length", "rollout", "reward", "train.eval_before"]
 
 
 def _to_typed(cfg: DictConfig | Config) -> Config:
@@ -259,13 +278,19 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text)
 
 
-def make_run_name(cfg: Config, semantic_sha: str, model_files_sha: str | None = None) -> str:
-    """Deterministic: the same command finds the same run dir, and every rank agrees on it."""
+def make_run_name(cfg: Config, semantic_sha: str, model_files_sha: str | None = None,
+                  data_content_sha: str | None = None) -> str:
+    """Deterministic: the same command finds the same run dir, and every rank agrees on it. A real checkpoint and
+    a dataset of your own (data=jsonl) add their content digest: another checkpoint, or another or edited dataset
+    at the same data.path, is another run (not a resume conflict); the synthetic set's spec is in the config."""
     lora = [cfg.model.tuning.value] if cfg.model.tuning.value != "full" else []  # a LoRA run says so in its name
     model = cfg.model.name
     if cfg.model.source is Source.pretrained and model_files_sha:  # another checkpoint is another run, not a resume
         model = f"{model}_{model_files_sha[:RUN_NAME_HASH_LEN]}"
-    parts = (cfg.arm.name, model, *lora, cfg.data.name, f"s{cfg.seed}", semantic_sha[:RUN_NAME_HASH_LEN])
+    data = cfg.data.name
+    if not isinstance(cfg.data, SyntheticData) and data_content_sha:
+        data = f"{data}_{data_content_sha[:RUN_NAME_HASH_LEN]}"
+    parts = (cfg.arm.name, model, *lora, data, f"s{cfg.seed}", semantic_sha[:RUN_NAME_HASH_LEN])
     return "-".join(_slug(p) for p in parts)
 
 
@@ -334,11 +359,21 @@ def budget_summary(cfg: Config) -> dict:
             "max_steps_worst_case_tokens": -(-b.max_steps // rnd.cycle) * rnd.token_bound,
             "rule": "stop after the last step whose successor could exceed the remaining budget",
         }
+    rows = split_rows(cfg.data, cfg.data.train_split, cfg.model.patch_size)
+    passes = None
+    if rows:  # the passes over the training split budget.max_steps allows, capped by arm.epochs
+        passes = round(b.max_steps * a.batch_size / rows, 2)
+        passes = min(passes, a.epochs) if a.epochs is not None else passes
     return {
         "kind": "loss_tokens",
         "loss_token_ceiling": b.max_loss_tokens,
         "max_steps": b.max_steps,
-        "rule": "train on the longest prefix of one deterministic epoch whose loss tokens fit",
+        "train_rows": rows,
+        "rows_per_step": a.batch_size,
+        "epochs": passes,
+        "epochs_cap": a.epochs,
+        "rule": "train on the longest prefix of the planned passes (each a fresh seeded order of the training split) "
+                "whose loss tokens fit",
     }
 
 

@@ -101,6 +101,20 @@ def score(completion: str, record: Mapping[str, Any], *, truncated: bool, cfg: R
     )
 
 
+def answer_reward(prompts, completions, completion_ids, *, target, answer_type, relation, choices=None, truncated=None,
+                  correct: float = 1.0, format_weight: float = 0.0, invalid_penalty: float = 0.5, **_) -> list[float]:
+    """The built-in reward in TRL's reward_funcs form (reward._target_'s default): `score(...).total` of each
+    completion, with the weights as keyword arguments (the harness passes reward.correct / format_weight /
+    invalid_penalty). `truncated` (one bool per completion; the harness passes it) makes a completion invalid."""
+    cfg = RewardCfg(correct, format_weight, invalid_penalty)
+    n = len(completions)
+    choices = choices if choices is not None else [None] * n
+    truncated = truncated if truncated is not None else [False] * n
+    return [score(completion_text(c), {"relation": r, "answer_type": a, "target": t, "choices": ch}, truncated=tr,
+                  cfg=cfg).total
+            for c, t, a, r, ch, tr in zip(completions, target, answer_type, relation, choices, truncated)]
+
+
 def cut_at_eos(ids: list[int], eos: set[int], pad: int | None = None) -> tuple[list[int], bool]:
     """(the completion's tokens up to and including its first end-of-sequence token, truncated).
 

@@ -230,12 +230,13 @@ def acquire_lock(run_dir: Path) -> int:
 
 
 def identity_diffs(recorded: dict, current: dict) -> list[FieldDiff]:
-    """The identity fields that must match for a resume: semantic config, data, model, an arm's own (teacher)."""
+    """The identity fields that must match for a resume: semantic config, data, model, an arm's own (teacher), the
+    reward functions' sources."""
     diffs = []
     for key in ("semantic_sha256",):
         if recorded.get(key) != current.get(key):
             diffs.append(FieldDiff(f"identity.{key}", recorded.get(key), current.get(key)))
-    for part in ("data", "model", "teacher"):
+    for part in ("data", "model", "teacher", "reward"):
         old, new = recorded.get(part) or {}, current.get(part) or {}
         for key in sorted(set(old) | set(new)):
             if key.endswith("sha256") and old.get(key) and new.get(key) and old[key] != new[key]:
@@ -252,6 +253,20 @@ def config_diffs(old: Any, new: Any, prefix: str = "") -> list[FieldDiff]:
     return [] if old == new else [FieldDiff(prefix.rstrip("."), old, new)]
 
 
+def mismatch_fix(path: Path, diffs: list[FieldDiff], manifest: dict) -> str:
+    """The fix of a resume refused for `diffs`: restore what changed, or start the new run elsewhere (never another
+    seed: that would change the experiment)."""
+    new_run = f"for a new run, move {path} aside or set another output_root"
+    edited = [d for d in diffs if d.field.startswith("identity.reward.")]
+    if edited:
+        funcs = (manifest.get("identity", {}).get("reward") or {}).get("functions") or {}
+        files = sorted({str((funcs.get(d.field.rsplit(".", 1)[1][:-len("_source_sha256")]) or {}).get("file"))
+                        for d in edited})
+        return (f"the reward function's source ({', '.join(files)}) changed since this run started: restore it to "
+                f"resume the run with the reward it trained with; {new_run} with the edited reward")
+    return f"run the original command (same files) to resume this run; {new_run}"
+
+
 def claim(plan, resume: str | None = None) -> RunDir:
     """Lock plan.run_dir, apply the resume policy, and write (or update) the manifest."""
     path = Path(plan.run_dir)
@@ -266,10 +281,7 @@ def claim(plan, resume: str | None = None) -> RunDir:
             manifest = _read_manifest(path)
             diffs = identity_diffs(manifest.get("identity", {}), plan.identity)
             if diffs:
-                raise ResumeMismatchError(
-                    str(path), diffs,
-                    "run the original command to resume this run, or change output_root / seed for a new run",
-                )
+                raise ResumeMismatchError(str(path), diffs, mismatch_fix(path, diffs, manifest))
             if manifest.get("status") == "completed":  # nothing to do: leave every file as it is
                 return RunDir(path, manifest, resumed=True, _fd=fd)
             changes = config_diffs(manifest["plan"]["config"], plan.config)

@@ -20,8 +20,10 @@ from harness.data import row_key
 
 
 def reward_record(row: dict) -> str:
+    """The `row` column: what the reward functions read of a row (harness.reward_fns.Rewards.columns)."""
     return json.dumps({"key": row_key(row), "relation": row["relation"], "answer_type": row["answer_type"],
-                       "target": row["target"], "choices": row.get("choices")}, sort_keys=True)
+                       "target": row["target"], "choices": row.get("choices"), "question": row["question"],
+                       "meta": row.get("meta")}, sort_keys=True)
 
 
 def user_turn(row: dict) -> list[dict]:
@@ -76,15 +78,28 @@ def rl_dataset(root: Path, rows: list[dict], *, is_vlm: bool):
                          "views": [view_links(root, r, fallback) for r in rows]}, root, rows, is_vlm)
 
 
-def sft_order(rows: list[dict], seed: int) -> list[dict]:
-    """The one deterministic epoch the loss-token cap takes its prefix from."""
-    rows = sorted(rows, key=row_key)
-    random.Random(seed).shuffle(rows)
-    return rows
+def sft_order(rows: list[dict], seed: int, passes: int = 1) -> list[dict]:
+    """The deterministic sequence of `passes` epochs the loss-token cap takes its prefix from: the first in the
+    order `random.Random(seed)` shuffles the rows into (what a one-pass run always trained on), each later one in
+    a fresh order of its own seed."""
+    base = sorted(rows, key=row_key)
+    out = []
+    for p in range(passes):
+        epoch = list(base)
+        random.Random(seed if p == 0 else f"sft-pass:{seed}:{p}").shuffle(epoch)
+        out += epoch
+    return out
 
 
-def sft_dataset(root: Path, rows: list[dict], *, is_vlm: bool, seed: int):
-    rows = sft_order(rows, seed)
+def sft_passes(arm: dict, max_steps: int, rows: int) -> int:
+    """Passes over `rows` training rows an SFT run plans: as many as budget.max_steps can use, at most arm.epochs."""
+    needed = max(1, -(-max_steps * arm["batch_size"] // max(rows, 1)))
+    epochs = arm.get("epochs", 1)  # a plan from before arm.epochs trained one pass
+    return needed if epochs is None else min(needed, epochs)
+
+
+def sft_dataset(root: Path, rows: list[dict], *, is_vlm: bool, seed: int, passes: int = 1):
+    rows = sft_order(rows, seed, passes)
     return _with_images({
         "prompt": [user_turn(r) for r in rows],
         "completion": [[{"role": "assistant", "content": format_answer(r["target"])}] for r in rows],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 from harness.config.fields import ArmConfig, f
 
@@ -12,6 +13,9 @@ class SftArm(ArmConfig):
     batch_size: int = f(16, "sequences per optimizer step (global, across ranks)", ge=1)
     max_length: int = f(256, "tokens per sequence (prompt + completion); longer rows are refused", ge=8)
     completion_only_loss: bool = f(True, "train only on completion tokens (docs/arms.md sft)")
+    epochs: Optional[int] = f(1, "passes over the training split at most, each in a fresh seeded order (the first is the "
+                              "order a one-pass run trains on); null = as many as budget.max_steps needs; the loss-token "
+                              "cap and budget.max_steps stop it first when they bind", ge=1)
 
     def check(self, cfg, out) -> None:
         shards = cfg.placement.num_processes * self.gradient_accumulation_steps

@@ -1,6 +1,7 @@
 """sft: TRL's SFTTrainer, completion-only loss, and the loss-token cap (docs/arms.md sft).
 
-The cap takes the longest prefix of one deterministic epoch whose loss-bearing tokens fit in
+The cap takes the longest prefix of the planned passes over the training split (harness.trainsets.sft_order:
+arm.epochs, or as many as budget.max_steps needs, each in its own seeded order) whose loss-bearing tokens fit in
 budget.max_loss_tokens (and whose batches fit in budget.max_steps). Loss tokens are counted
 with the trainer's own collator, one row at a time, exactly as it masks them during training
 (labels != -100, past the first position that no token predicts). The subclass counts again,
@@ -81,7 +82,7 @@ def row_loss_tokens(batch) -> tuple[list[int], list[int]]:
 
 
 def apply_loss_token_cap(trainer, ctx: BuildContext, chunk: int = CAP_CHUNK) -> None:
-    """Cut the (already seeded-shuffled) epoch to the longest prefix that fits both caps.
+    """Cut the (already seeded-shuffled) passes to the longest prefix that fits both caps.
 
     The rows are counted with the trainer's own collator, `chunk` rows per call (one row per call costs a processor
     call per row: 6.6 s of the default job's 150-step warm start); the counts are the one-row counts (row_loss_tokens)."""
@@ -91,7 +92,8 @@ def apply_loss_token_cap(trainer, ctx: BuildContext, chunk: int = CAP_CHUNK) -> 
     ds = trainer.train_dataset
     counts, total = [], 0
     max_len = c["arm"]["max_length"]
-    # what cuts the prefix (completion.json `stopped_by`): the loss-token cap ("budget"), max_steps, or the epoch
+    # what cuts the prefix (completion.json `stopped_by`): the loss-token cap ("budget"), max_steps, or the end of the
+    # planned passes ("epoch_end": arm.epochs)
     limit = "max_steps" if max_steps * rows_per_step < len(ds) else "epoch_end"
     n_rows = min(len(ds), max_steps * rows_per_step)
     for start in range(0, n_rows, chunk):

@@ -24,13 +24,13 @@ import json
 import math
 from typing import Any
 
-from harness.rewards import completion_text, cut_at_eos, score
+from harness.rewards import cut_at_eos
 
 
 class HarnessReward:
-    def __init__(self, ctx, *, reward_cfg: Any, eos_token_ids: list[int], provenance: dict):
+    def __init__(self, ctx, *, rewards: Any, eos_token_ids: list[int], provenance: dict):
         self.ctx = ctx
-        self.reward_cfg = reward_cfg
+        self.rewards = rewards  # harness.reward_fns.Rewards: the configured reward functions
         self.eos = set(eos_token_ids)
         self.provenance = provenance
         self.tag = provenance["semantic_sha256"][:8]
@@ -75,23 +75,24 @@ class HarnessReward:
             raise RuntimeError(f"{len(self._missing)} trace rows of step {self._last_step} were never completed "
                                f"before TRL sampled again at step {step}: the loss did not see every completion")
         self._last_step = step
+        records = [json.loads(r) for r in row]
+        # TRL cut the ids after their first end-of-sequence: no end-of-sequence means truncated
+        truncated = [cut_at_eos(ids, self.eos)[1] for ids in completion_ids]
+        # every reward function is called before any ledger row is written: a failing call leaves no trace of the step
+        traces = self.rewards.score(prompts, completions, completion_ids, records, truncated, trainer_state)
         rewards, held = [], []
-        for j in range(n):
-            ids = completion_ids[j]
-            record = json.loads(row[j])
-            _, truncated = cut_at_eos(ids, self.eos)  # TRL cut the ids after their first end-of-sequence
+        for j, (ids, record, tr) in enumerate(zip(completion_ids, records, traces)):
             slot, gen = rnd.slot(ctx.rank, j)
             cid = f"{self.tag}:{step}:{slot}:{gen}"
-            tr = score(completion_text(completions[j]), record, truncated=truncated, cfg=self.reward_cfg)
             if not math.isfinite(tr.total):  # a NaN reward would poison the group's advantages without a trace
                 raise ValueError(f"the reward of completion {cid} is {tr.total} (components {tr.components}): "
                                  "rewards must be finite; check reward.*")
-            ctx.ledger.append({"completion_id": cid, "tokens": len(ids), "terminated": not truncated, "step": step,
+            ctx.ledger.append({"completion_id": cid, "tokens": len(ids), "terminated": not tr.truncated, "step": step,
                                "view": record["key"]})
             (held.append if self._held is not None else ctx.trace.append)({
                 "completion_id": cid, "reward": tr.total, "components": tr.components, "parsed": tr.parsed,
                 "prediction": tr.prediction, "gold": tr.gold, "parser_error": tr.parser_error,
-                "relation": tr.relation, "truncated": truncated, "correct": tr.correct, "view": record["key"],
+                "relation": tr.relation, "truncated": tr.truncated, "correct": tr.correct, "view": record["key"],
                 "step": step, "provenance": self.provenance,
             })
             ctx.tokens_used += len(ids)

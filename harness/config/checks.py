@@ -47,6 +47,8 @@ def run_checks(cfg: Config) -> Findings:
     check_model(cfg, out)
     check_arm(cfg, out)
     check_data(cfg, out)
+    check_reward(cfg, out)
+    check_warm_start(cfg, out)
     check_rollout_and_placement(cfg, out)
     check_objective(cfg, out)
     check_push(cfg, out)
@@ -215,6 +217,59 @@ def check_data(cfg: Config, out: Findings) -> None:
         out.error("data.path", None, "data=jsonl needs the dataset root", "add data.path=DIR (a dataset in the harness schema)")
     elif isinstance(d, JsonlData) and not Path(d.path).is_dir():
         out.error("data.path", d.path, "is not a directory", "point data.path at a dataset root (see harness.data validate)")
+    elif isinstance(d, JsonlData):
+        check_jsonl_splits(d, out)
+
+
+def check_jsonl_splits(d: JsonlData, out: Findings) -> None:
+    """A dataset of your own has a manifest listing the training and the eval split (read from manifest.json only;
+    `python -m harness.data validate` checks the files against it when the run starts)."""
+    from harness.data.spec import manifest_splits
+
+    splits = manifest_splits(d.path)
+    if splits is None:
+        out.error("data.path", d.path, "has no readable manifest.json (a dataset is complete only once it has one)",
+                  f"run python -m harness.data manifest {d.path} (or build it with python -m harness.data init)")
+        return
+    for key, split in (("data.train_split", d.train_split), ("data.eval_split", d.eval_split)):
+        if not splits.get(split):
+            have = ", ".join(f"{s} ({n} rows)" for s, n in sorted(splits.items())) or "none"
+            out.error(key, split, f"the dataset has no rows in split {split!r} (its splits: {have})",
+                      f"add records/{split}.jsonl and re-run python -m harness.data manifest {d.path}, or set {key} "
+                      "to one of its splits")
+
+
+# --- reward
+
+
+def check_reward(cfg: Config, out: Findings) -> None:
+    """reward._target_ and reward.components name functions that exist, with a signature their convention can
+    call (read from the source: nothing of the user's is imported at plan time)."""
+    import json
+
+    from harness.identity import to_jsonable
+    from harness.reward_fns import reward_problems
+
+    reward = to_jsonable(cfg.reward)
+    for p in reward_problems(reward):
+        out.problems.append(p)
+    for name, value in [("reward.kwargs", reward.get("kwargs"))] + [
+            (f"reward.components.{k}.kwargs", v.get("kwargs")) for k, v in (reward.get("components") or {}).items()]:
+        try:
+            json.dumps(value, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            out.error(name, value, f"is not plain JSON ({exc})", "use numbers, strings, lists and mappings")
+
+
+def check_warm_start(cfg: Config, out: Findings) -> None:
+    """The warm start's format check reads its final eval: without one it cannot check, and the plan says so."""
+    b, rl = cfg.budget, registry().get(cfg.arm.name)
+    if rl is None or not rl.rl or getattr(cfg.arm, "init", None) != "sft":
+        return
+    if b.sft_warm_start_min_format > 0 and not cfg.train.eval_after:
+        out.warn(f"budget.sft_warm_start_min_format={b.sft_warm_start_min_format} is not checked: it reads the SFT warm "
+                 "start's final eval, which train.eval_after=false turns off (RL starts whether or not the warm start "
+                 "writes the answer format)")
 
 
 # --- rollout and placement

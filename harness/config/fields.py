@@ -62,6 +62,12 @@ class DType(str, Enum):
     float16 = "float16"
 
 
+class RewardConvention(str, Enum):  # how a reward function is called (harness.reward_conventions)
+    trl = "trl"
+    verl = "verl"
+    easyr1 = "easyr1"
+
+
 class RolloutBackend(str, Enum):
     hf = "hf"
     vllm = "vllm"

@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import typing
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 from omegaconf import MISSING
 
@@ -31,6 +31,7 @@ from harness.config.fields import (  # noqa: F401  (the vocabularies are read fr
     Mode,
     PlacementKind,
     Resume,
+    RewardConvention,
     RolloutBackend,
     RunMode,
     Scheduler,
@@ -133,11 +134,32 @@ class JsonlData(DataConfig):
     path: Optional[str] = f(None, "required: dataset root in the schema of docs/data.md (see harness.data validate)", semantic=False)
 
 
+#: The built-in reward (relation-aware exact match over the <answer> schema): the default reward._target_.
+BUILTIN_REWARD = "harness.rewards:answer_reward"
+
+
 @dataclass
 class RewardConfig:
-    correct: float = f(1.0, "reward for a parsed answer equal to the view's target (relation-aware)")
-    format_weight: float = f(0.0, "added for a well-formed <answer>...</answer> completion, right or wrong", ge=0.0)
-    invalid_penalty: float = f(0.5, "subtracted for an unparsable or truncated completion", ge=0.0)
+    _target_: str = f(
+        BUILTIN_REWARD, "the reward function: 'path/to/file.py:name' (relative to the directory you run in) or "
+        "'package.module:name', with TRL's signature f(prompts, completions, completion_ids, **columns) -> list[float] "
+        "(columns: target, answer_type, relation, question, key, choices, meta, truncated, data_source, trainer_state); "
+        "the default is the built-in relation-aware exact match (reward.correct / format_weight / invalid_penalty)")
+    convention: RewardConvention = f(
+        RewardConvention.trl, "how _target_ is called: trl (TRL's reward_funcs), verl (verl's custom_reward_function: "
+        "compute_score(data_source, solution_str, ground_truth, extra_info) per completion), easyr1 (EasyR1's "
+        "reward_function)")
+    kwargs: dict[str, Any] = f(help="keyword arguments passed to _target_ on every call (e.g. a tolerance)", factory=dict)
+    components: dict[str, Any] = f(
+        help="named shaping terms added to the reward: NAME -> {_target_, weight (1.0), convention (trl), kwargs ({})}, "
+        "total = main + sum(weight x term); e.g. '+reward.components.short={_target_: file.py:fn, weight: 0.1}'",
+        factory=dict)
+    success_threshold: float = f(
+        1.0, "a custom reward._target_: a completion counts as correct (eval accuracy, the trace's `correct`) when "
+        "its main reward is at least this; the built-in reward uses its relation-aware match")
+    correct: float = f(1.0, "built-in reward: reward for a parsed answer equal to the view's target (relation-aware)")
+    format_weight: float = f(0.0, "built-in reward: added for a well-formed <answer>...</answer> completion, right or wrong", ge=0.0)
+    invalid_penalty: float = f(0.5, "built-in reward: subtracted for an unparsable or truncated completion", ge=0.0)
 
 
 # --- rollout, placement, logging, budget, training schedule
@@ -188,7 +210,9 @@ class BudgetConfig:
     max_completion_tokens: int = f(MISSING, "sampled completion tokens a run may spend (all ranks), never exceeded; what stops an RL arm: the run ends after the last step whose successor could exceed it", ge=1)
     max_loss_tokens: int = f(MISSING, "SFT: loss-bearing tokens a run may train on (longest prefix of one epoch that fits)", ge=1)
     max_steps: int = f(MISSING, "optimizer steps at most: a safety cap above the token budget (set it so the budget binds, or a comparison is bound by steps)", ge=1)
-    sft_warm_start_steps: int = f(150, "RL arms with arm.init=sft: optimizer steps of the SFT warm start (capped by steps, not seconds)", ge=1)
+    sft_warm_start_steps: int = f(150, "RL arms with arm.init=sft: optimizer steps of the SFT warm start, over as many passes of the training split as they need (each pass in a fresh seeded order)", ge=1)
+    sft_warm_start_epochs: Optional[int] = f(None, "RL arms with arm.init=sft: size the warm start in passes over the training split instead (its steps = ceil(epochs x train rows / the SFT batch size), shown by mode=plan); null = budget.sft_warm_start_steps", ge=1)
+    sft_warm_start_min_format: float = f(0.5, "RL arms with arm.init=sft: the share of eval views whose greedy answer the warm start must write well-formed (<answer>...</answer>) before RL starts; below it the run stops with the fix (an RL run from a policy that never writes the format gets one reward for every completion and makes no update); 0 = do not check", semantic=False, ge=0.0, le=1.0)
     sft_warm_start_max_length: Optional[int] = f(None, "RL arms with arm.init=sft: the warm start's arm.max_length (tokens per SFT row: prompt with its image tokens + answer); null = conf/arm/sft.yaml's. Raise it for large images (harness's prompt preflight says how far)", ge=8)
     stop_after_steps: Optional[int] = f(None, "pause: stop after this optimizer step with a checkpoint (status paused, exit 0); the same command without it continues to the planned end", semantic=False, ge=1)
 

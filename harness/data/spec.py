@@ -113,3 +113,26 @@ def relation_share(data, relation: str) -> tuple[int, int] | None:
     except OSError:
         return None
     return (matched, total) if total else None
+
+
+def manifest_splits(root: str | Path) -> dict[str, int] | None:
+    """{split: rows} as a dataset's manifest.json lists them (None when it has no readable manifest). Reads that
+    one file: the planner's view of a dataset (harness.data.validate checks the files against it)."""
+    try:
+        with open(Path(root) / "manifest.json", encoding="utf-8") as fh:
+            records = json.load(fh)["records"]
+        return {Path(rel).stem: int(entry["rows"]) for rel, entry in records.items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def split_rows(data, split: str, patch_size: int) -> int | None:
+    """Rows (views) of `split` in a data config's dataset, known before it is loaded (None when it cannot be
+    read: no manifest yet, or no such split). The synthetic set: four views per base item of the split."""
+    if hasattr(data, "n_base"):  # SyntheticData
+        args = synthetic_args(data, patch_size)
+        sizes = dict(zip(("train", "val", "test"), split_sizes(args["n_base"], args["val_fraction"], args["test_fraction"])))
+        return 4 * sizes[split] if split in sizes else None
+    if not data.path:
+        return None
+    return (manifest_splits(data.path) or {}).get(split)

@@ -40,8 +40,9 @@ def decoding(max_new_tokens: int, batch_size: int) -> dict:
 
 #: What must be equal for an eval artifact to stand for another evaluation of the same weights: the
 #: weights (digest), the rows (data digest, split, max_items), the decoding (greedy, max_new_tokens, batch
-#: size: padding changes a batch's numerics), the scoring (reward weights) and the code.
-REUSE_KEYS = ("policy_sha256", "data_sha256", "split", "max_items", "decoding", "reward", "code")
+#: size: padding changes a batch's numerics), the scoring (the reward config and its functions' source digests) and
+#: the code.
+REUSE_KEYS = ("policy_sha256", "data_sha256", "split", "max_items", "decoding", "reward", "reward_sources", "code")
 
 
 def reuse_settings(result: dict) -> dict:

@@ -161,9 +161,11 @@ def evaluate(job: SimpleNamespace) -> dict:
     from harness.identity import code_identity
     from harness.models import imagecache
     from harness.policy import device_of, eos_token_ids, load_policy
-    from harness.rewards import reward_config
+    from harness.reward_fns import Rewards, check_sources
 
     c, ident = job.config, job.manifest["identity"]
+    check_sources(c["reward"], ident.get("reward"), str(job.run_dir))  # the reward the run trained with, unedited
+    rewards = Rewards(c["reward"], data_source=c["data"]["name"])
     root = getattr(job, "data_root", None) or check_data(job)
     rows = eval_rows(load_split(root, job.split), job.max_items)
     model, processor = load_policy(job.policy_path, base_path=ident["model"].get("base_path"), trainable=False,
@@ -175,7 +177,7 @@ def evaluate(job: SimpleNamespace) -> dict:
     plan = SimpleNamespace(run_name=job.manifest["run_name"], identity=ident, config=c)
     model.to(device_of(plan))
     return run_eval(model, processor, root, rows, plan=plan, run_dir=job.run_dir, split=job.split, label=job.label,
-                    policy=str(job.policy_path.relative_to(job.run_dir)), reward_cfg=reward_config(c["reward"]),
+                    policy=str(job.policy_path.relative_to(job.run_dir)), rewards=rewards,
                     is_vlm=c["model"]["is_vlm"], max_new_tokens=job.max_new_tokens, batch_size=job.batch_size,
                     suppress_token_ids=never_sampled(model, processor),
                     eos_token_ids=eos_token_ids(processor, model),

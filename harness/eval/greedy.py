@@ -1,7 +1,8 @@
 """Greedy evaluation on a held-out split: accuracy overall and per relation, abstention, format validity.
 
-Every view is scored with the same reward code the RL arms train on (harness.rewards.score), so
-"correct" means the same thing in training and eval. The subset (data.eval_max_items) is the
+Every view is scored by the run's reward functions (harness.reward_fns.Rewards: the built-in relation-aware
+reward, or reward._target_), the code the RL arms train on, so "correct" and "reward" mean the same thing in
+training and eval. The subset (data.eval_max_items) is the
 first N views in row-key order: whole groups, the same items for every arm and seed.
 Direction accuracy (evi_po's ranking metric, computed for every arm so arms compare): does the policy
 score the view's target highest among its group's candidates, teacher-forced (direction_correct).
@@ -18,8 +19,9 @@ from pathlib import Path
 from harness.answers import prompt_text
 from harness.data import RELATIONS, row_key
 from harness.eval import artifact_path, decoding
-from harness.rewards import cut_at_eos, score
+from harness.rewards import cut_at_eos
 from harness.rundir import atomic_write_bytes, atomic_write_json, now
+from harness.trainsets import user_turn
 
 
 def eval_rows(rows: list[dict], max_items: int | None) -> list[dict]:
@@ -197,6 +199,7 @@ def summarize(scored: list[tuple[dict, object]], direction: list[bool | None] | 
             "abstention_rate": sum(t.abstained for _, t in items) / n,
             "format_valid": sum(t.parser_error is None for _, t in items) / n,
             "truncated": sum(t.truncated for _, t in items) / n,
+            "mean_reward": sum(t.total for _, t in items) / n,
         }
         ranked = [hit[id(row)] for row, _ in items if hit[id(row)] is not None]
         if ranked:
@@ -212,11 +215,11 @@ def summarize(scored: list[tuple[dict, object]], direction: list[bool | None] | 
 
 
 def run_eval(model, processor, root: Path, rows: list[dict], *, plan, run_dir: Path, split: str, label: str,
-             policy: str, reward_cfg, is_vlm: bool, max_new_tokens: int, batch_size: int,
+             policy: str, rewards, is_vlm: bool, max_new_tokens: int, batch_size: int,
              suppress_token_ids: list[int], eos_token_ids: list[int], extra: dict | None = None) -> dict:
     """Evaluate and write eval/<split>[-label].json with its predictions (`evaluate`, then `write_eval`)."""
     result, preds = evaluate(model, processor, root, rows, plan=plan, split=split, label=label, policy=policy,
-                             reward_cfg=reward_cfg, is_vlm=is_vlm, max_new_tokens=max_new_tokens,
+                             rewards=rewards, is_vlm=is_vlm, max_new_tokens=max_new_tokens,
                              batch_size=batch_size, suppress_token_ids=suppress_token_ids,
                              eos_token_ids=eos_token_ids, extra=extra)
     write_eval(run_dir, result, preds)
@@ -224,21 +227,26 @@ def run_eval(model, processor, root: Path, rows: list[dict], *, plan, run_dir: P
 
 
 def evaluate(model, processor, root: Path, rows: list[dict], *, plan, split: str, label: str, policy: str,
-             reward_cfg, is_vlm: bool, max_new_tokens: int, batch_size: int, suppress_token_ids: list[int],
+             rewards, is_vlm: bool, max_new_tokens: int, batch_size: int, suppress_token_ids: list[int],
              eos_token_ids: list[int], extra: dict | None = None) -> tuple[dict, list[dict]]:
     """(the artifact's content, one prediction per view): greedy completions scored, direction accuracy; writes
     nothing (a periodic eval writes once its checkpoint's weights digest is known)."""
     t0 = time.time()
-    scored, preds = [], []
-    for row, text, ids, truncated in generate_greedy(
+    generated = list(generate_greedy(
         model, processor, root, rows, is_vlm=is_vlm, max_new_tokens=max_new_tokens, batch_size=batch_size,
         suppress_token_ids=suppress_token_ids, eos_token_ids=eos_token_ids,
-    ):
-        tr = score(text, row, truncated=truncated, cfg=reward_cfg)
+    ))
+    # the run's reward functions score the greedy answers as they score sampled ones (reward._target_)
+    records = [{**row, "key": row_key(row)} for row, *_ in generated]
+    traces = rewards.score([user_turn(row) for row, *_ in generated],
+                           [[{"role": "assistant", "content": text}] for _, text, _, _ in generated],
+                           [ids for *_, ids, _ in generated], records, [t for *_, t in generated])
+    scored, preds = [], []
+    for (row, text, ids, truncated), tr in zip(generated, traces):
         scored.append((row, tr))
         preds.append({"view": row_key(row), "relation": row["relation"], "completion": text, "tokens": len(ids),
                       "prediction": tr.prediction, "gold": tr.gold, "correct": tr.correct,
-                      "parser_error": tr.parser_error})
+                      "parser_error": tr.parser_error, "reward": tr.total})
     direction = direction_correct(model, processor, root, rows, is_vlm=is_vlm, batch_size=batch_size)
     for p, d in zip(preds, direction):
         p["direction_correct"] = d

@@ -304,3 +304,49 @@ def _save_limit(f: Field, ctx: Ctx):
 
 MAX_RESPONSE, SAVE_FREQ, SAVE_LIMIT, EVAL_FREQ, ROLLOUT_BATCH = (_max_response, _save_freq, _save_limit, _eval_freq,
                                                                  _rollout_batch)
+
+
+# --- the recipe's reward function (harness.reward_conventions: reward._target_ called as its framework calls it)
+
+
+def free_dict(ctx: Ctx, prefix: str) -> dict:
+    """The free-form node `prefix` (kwargs) as a nested dict, rebuilt from its leaf fields."""
+    out: dict = {}
+    for path, f in ctx.fields.items():
+        if path == prefix and isinstance(f.value, dict):
+            continue  # the empty node itself
+        if not path.startswith(prefix + "."):
+            continue
+        node = out
+        *parents, leaf = path[len(prefix) + 1:].split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = f.value
+    return out
+
+
+def reward_function(f: Field, ctx: Ctx, file: str | None, target: str, convention: str, kwargs: dict,
+                    kwargs_field: str, how: str):
+    """Sets reward._target_ / reward.convention / reward.kwargs; returns the entry's note (the caller's class).
+    `file`: the function's file as the recipe names it (None for a module); `how`: how the source calls it."""
+    from harness.reward_conventions import kwargs_problem
+
+    ctx.set("reward._target_", target, f.path)
+    ctx.set("reward.convention", convention, f.path)
+    if kwargs:
+        why = kwargs_problem(kwargs)
+        if why:
+            ctx.problems.append(_problem(kwargs_field, kwargs, why, "rename the function's keyword argument (the "
+                                         "harness passes its columns under those names)"))
+        ctx.set("reward.kwargs", kwargs, kwargs_field)
+    if file is None:
+        where = "its module is imported from the Python path"
+    elif Path(file).expanduser().is_file():
+        where = "its file is read relative to the directory the harness runs in (found from here)"
+    else:
+        where = ("its file is read relative to the directory the harness runs in: not found from here, so run the "
+                 "harness from the recipe's checkout or give --harness reward._target_=/abs/path.py:NAME")
+    return (f"reward._target_={target} reward.convention={convention}"
+            + (f" reward.kwargs={kwargs}" if kwargs else "") + f": the recipe's function itself, {how}; "
+            f"{where}. The completions answer the harness's prompt (<answer>...</answer>, not the recipe's template): "
+            "a function that parses another format (\\boxed{}, ####) finds no answer in them")

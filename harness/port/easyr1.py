@@ -44,6 +44,72 @@ def prepare(ctx: Ctx) -> None:
 # --- handlers
 
 
+EASYR1_CALL = ("called as EasyR1's reward manager calls it (verl/workers/reward/function.py): {how}, each input "
+               "{{response, response_length, ground_truth}} (the completion's text with special tokens skipped, its "
+               "tokens up to and including end-of-sequence, the row's target), reward_function_kwargs by keyword; "
+               "the reward is each result's 'overall'")
+
+
+def _easyr1_fn(ctx: Ctx) -> tuple[str, str] | None:
+    from harness.reward_conventions import easyr1_target
+
+    value = ctx.get("worker.reward.reward_function")
+    return easyr1_target(str(value)) if value else None
+
+
+def _declared_type(file: str) -> str | None:
+    """The REWARD_TYPE the function's file declares (read, not imported), or None (absent or not readable here)."""
+    from pathlib import Path
+
+    from harness.reward_conventions import declared_reward_type
+
+    try:
+        return declared_reward_type(Path(file).expanduser().read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _harness_type(ctx: Ctx, file: str) -> tuple[str, str]:
+    """(batch | sequential as the harness will call the function, why)."""
+    declared = _declared_type(file)
+    if declared is not None:
+        return declared, f"the file declares REWARD_TYPE = {declared!r}"
+    return "batch", "no REWARD_TYPE in the file (or not readable from here): batch, EasyR1's default"
+
+
+def reward_function(f: Field, ctx: Ctx):
+    fn = _easyr1_fn(ctx)
+    if fn is None:
+        return ("informational_only", None, "unset (EasyR1 refuses to train without one): the harness scores with its "
+                "built-in reward (relation-aware match + format - invalid penalty, docs/arms.md grpo)")
+    file, name = fn
+    rtype, why = _harness_type(ctx, file)
+    how = ("one call with the list of every completion's input (REWARD_TYPE batch)" if rtype == "batch" else
+           "one call per completion's input (REWARD_TYPE sequential)") + f": {why}"
+    named = "" if ":" in str(f.value) else f"; no ':NAME' in the value: {name}, EasyR1's default"
+    note = C.reward_function(f, ctx, file, f"{file}:{name}", "easyr1",
+                             C.free_dict(ctx, "worker.reward.reward_function_kwargs"),
+                             "worker.reward.reward_function_kwargs", EASYR1_CALL.format(how=how) + named)
+    return "exact", "reward._target_", note
+
+
+def reward_type(f: Field, ctx: Ctx):
+    """The PAPO fork's field (upstream EasyR1 reads the module's REWARD_TYPE instead; so does the harness)."""
+    fn = _easyr1_fn(ctx)
+    if fn is None:
+        return "informational_only", None, "inactive (no reward function)"
+    if not ctx.facts["fork"]:
+        return ("informational_only", None, "PAPO fork only: upstream EasyR1 reads the function module's REWARD_TYPE "
+                "(batch when absent), as the harness does")
+    rtype, why = _harness_type(ctx, fn[0])
+    if f.value == rtype:
+        return "exact", "reward.convention", f"the fork calls the function {f.value}-wise; the harness too: {why}"
+    ctx.refuse(f, f"the PAPO fork calls the function {f.value}-wise from this field; the harness reads the module's "
+                  f"REWARD_TYPE (upstream EasyR1's declaration): {why}",
+               f"set REWARD_TYPE = {f.value!r} at the top level of {fn[0]} (upstream EasyR1 reads it too)")
+    return "unsupported", None, "batch/sequential comes from the module's REWARD_TYPE in the harness"
+
+
 def _papo(ctx: Ctx) -> bool:
     return ctx.facts["papo"]
 
@@ -307,14 +373,18 @@ RULES = [
     ("worker.ref.offload.*", dist("CPU offload of the reference model")),
     ("worker.ref.strategy", dist("sharding of the reference model")),
     ("worker.ref.*", info("auto key: WorkerConfig.post_init copies it from worker.actor")),
-    ("worker.reward.reward_function", not_impl("the harness scores with its own reward: correct (relation-aware) + "
-                                               "format - invalid penalty (docs/arms.md grpo); the recipe's function is not run")),
+    ("worker.reward.reward_function", reward_function),
     ("worker.reward.reward_function_kwargs**", lambda f, ctx: ("informational_only", None, "empty")
-     if f.value in ({}, None) else ("not_implemented", None, "arguments of the recipe's reward function (not run)")),
-    ("worker.reward.reward_type", info("how the recipe's reward function is batched")),
-    ("worker.reward.skip_special_tokens", info("decoding of responses for the reward function")),
+     if f.value in ({}, None) else ("informational_only", None, "inactive (no reward function)")
+     if not ctx.get("worker.reward.reward_function") else ("exact", "reward.kwargs", "a keyword argument of the "
+                                                            "function on every call (EasyR1 binds them with partial)")),
+    ("worker.reward.reward_type", reward_type),
+    ("worker.reward.skip_special_tokens", inactive_unless(
+        lambda ctx: bool(ctx.get("worker.reward.reward_function")), "no reward function",
+        only((True,), "the function reads each completion as TRL decodes it, special tokens skipped"))),
     ("worker.reward.num_cpus", dist("reward worker CPUs")),
-    ("worker.reward.reward_function_name", info("auto key: the function name of reward_function")),
+    ("worker.reward.reward_function_name", info("auto key: the function name of reward_function (reward._target_'s "
+                                                ":NAME)")),
     ("worker.rollout.name", dist("rollout engine: on a GPU node add rollout=vllm_colocate (the same sampling "
                                  "distribution as the harness's hf rollout)")),
     ("worker.rollout.n", exact("arm.num_generations", int, "G: responses per prompt")),

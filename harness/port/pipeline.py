@@ -39,8 +39,10 @@ def hydra_value(v: Any) -> str:
         return repr(v)
     if isinstance(v, (list, tuple)):
         return "[" + ",".join(hydra_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ",".join(f"{hydra_value(str(k))}:{hydra_value(x)}" for k, x in v.items()) + "}"
     s = str(v)
-    if s and all(c.isalnum() or c in "_./-@:~" for c in s) and s not in ("null", "true", "false"):
+    if s and all(c.isalnum() or c in "_./-@:~" for c in s) and s not in ("null", "true", "false") and s[0] != "~":
         return s
     return "'" + s.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
@@ -107,7 +109,8 @@ def port(source: str, config: Optional[str], overrides: list[str], harness: list
     ctx.overrides.setdefault("arm", "grpo")
     ctx.set("arm.init", "scratch", "(the source starts RL from its model)")
     values = _merge(ctx.overrides, user)
-    argv = [f"{k}={hydra_value(v)}" for k, v in values.items()]
+    # a mapping (reward.kwargs) is a dict field of the schema: Hydra adds its keys only with `+`
+    argv = [f"{'+' if isinstance(v, dict) and v else ''}{k}={hydra_value(v)}" for k, v in values.items()]
     own_data = any(p.field == "data.train_files" for p in problems)
     problems += [p for p in _plan_problems(argv) if not (own_data and p.field == "data.path")]
     unique = list({(p.field, repr(p.value), p.why): p for p in problems}.values())  # values may be lists or dicts

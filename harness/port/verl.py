@@ -36,6 +36,11 @@ def prepare(ctx: Ctx) -> None:
                   A + "ppo_mini_batch_size")
     ctx.facts["budget_note"] = C.derive_budget(ctx, ctx.facts.get("n_train"))
     C.warmup(ctx, A + "optim.lr_warmup_steps", A + "optim.lr_warmup_steps_ratio")
+    # verl v0.9.0 (experimental/reward_loop/reward_loop.py, migrate_legacy_reward_impl): when any value of the legacy
+    # custom_reward_function section is set, that section replaces reward.custom_reward_function whole
+    legacy = any(f.value not in (None, {}) for p, f in ctx.fields.items()
+                 if p == "custom_reward_function" or p.startswith("custom_reward_function."))
+    ctx.facts["reward_section"] = "custom_reward_function" if legacy else "reward.custom_reward_function"
 
 
 def _kl_loss(ctx: Ctx) -> bool:
@@ -101,8 +106,79 @@ def lr_schedule(f: Field, ctx: Ctx):
     return C.scheduler(f, ctx)
 
 
-REWARD = ("the harness scores with its own reward: correct (relation-aware) + format - invalid penalty "
-          "(docs/arms.md grpo); the recipe's reward function is not run")
+# --- the reward function: custom_reward_function (verl/trainer/ppo/reward.py get_custom_reward_fn; the reward
+# managers of verl/experimental/reward_loop/reward_manager/ call it once per response, every argument by keyword)
+
+VERL_CALL = ("called once per completion as verl's reward manager calls it, by keyword: data_source (the row's "
+             "meta.data_source, else the harness data option's name, not the parquet's column), solution_str (the "
+             "completion's text, special tokens skipped as verl decodes), ground_truth (the row's target), extra_info "
+             "(the row's meta + split, index, question, num_turns, rollout_reward_scores), reward_kwargs; a dict "
+             "result's 'score' is the reward")
+
+
+def _section(path: str) -> str:
+    """custom_reward_function or reward.custom_reward_function: the section of one of their fields."""
+    return path.split(".reward_kwargs", 1)[0] if ".reward_kwargs" in path else path.rsplit(".", 1)[0]
+
+
+def _reward_path(ctx: Ctx):
+    sec = ctx.facts["reward_section"]
+    return sec, ctx.get(sec + ".path")
+
+
+def reward_fn_path(f: Field, ctx: Ctx):
+    sec, path = _reward_path(ctx)
+    if _section(f.path) != sec:
+        if sec == "custom_reward_function":
+            return ("informational_only", None, "superseded: verl v0.9 replaces reward.custom_reward_function with the "
+                    "legacy custom_reward_function section, which the recipe sets")
+        return "informational_only", None, "unset (verl's legacy name of reward.custom_reward_function)"
+    if not f.value:
+        return ("not_implemented", None, "unset: verl scores with its default_compute_score, chosen by each row's "
+                "data_source (gsm8k, MATH, geo3k, ...), which the harness does not run: it scores with its built-in "
+                "reward (reward._target_ default: relation-aware match + format - invalid penalty, docs/arms.md grpo)")
+    from harness.reward_conventions import verl_target
+
+    name = ctx.get(sec + ".name")
+    target = verl_target(str(f.value), name)
+    file = None if str(f.value).startswith("pkg://") else target.rsplit(":", 1)[0]
+    note = C.reward_function(f, ctx, file, target, "verl", C.free_dict(ctx, sec + ".reward_kwargs"),
+                             sec + ".reward_kwargs", VERL_CALL)
+    return "semantically_conformant", "reward._target_", note
+
+
+def reward_fn_name(f: Field, ctx: Ctx):
+    sec, path = _reward_path(ctx)
+    if _section(f.path) != sec or not path:
+        return "informational_only", None, "inactive (no custom reward function in this section)"
+    if f.value is None:
+        note = "unset: compute_score, verl's documented default"
+        if sec == "custom_reward_function":
+            note += (" (verl v0.9.0 itself copies the legacy section with its null name over reward.custom_reward_"
+                     "function and then asserts a name: set custom_reward_function.name there)")
+        return "exact", "reward._target_", note
+    return "exact", "reward._target_", f"the function's name in the file: reward._target_=...:{f.value}"
+
+
+def reward_fn_kwargs(f: Field, ctx: Ctx):
+    sec, path = _reward_path(ctx)
+    if _section(f.path) != sec or not path:
+        return "informational_only", None, "inactive (no custom reward function in this section)"
+    if f.value in ({}, None) and f.path.endswith("reward_kwargs"):
+        return "informational_only", None, "empty"
+    return ("exact", "reward.kwargs", "a keyword argument of the function on every call (verl merges reward_kwargs "
+            "over its own arguments)")
+
+
+def reward_manager(f: Field, ctx: Ctx):
+    if f.value in (None, "naive", "dapo", "rate_limited", "remote"):
+        extra = (" (dapo's overlong penalty, from reward.reward_kwargs.overlong_buffer_cfg, is not added)"
+                 if f.value == "dapo" else "")
+        return ("informational_only", None, f"{f.value or 'naive'}: calls the reward function once per response by "
+                f"keyword, as reward.convention=verl does{extra}")
+    return ("not_implemented", None, f"verl's {f.value} reward manager is not run: a custom reward function is called "
+            "per completion as the naive manager calls it (reward.convention=verl)")
+
 
 RULES = [
     ("**._target_", info("verl's class path of this section: no training meaning")),
@@ -274,14 +350,23 @@ RULES = [
     ("algorithm.rollout_correction.*", info("correction setting: applies with rollout_is only")),
     ("algorithm.*", info("verl's class path")),
     # reward
-    ("custom_reward_function.path", not_impl(REWARD)),
-    ("reward.custom_reward_function.path", not_impl(REWARD)),
+    ("custom_reward_function.path", reward_fn_path),
+    ("reward.custom_reward_function.path", reward_fn_path),
+    ("custom_reward_function.name", reward_fn_name),
+    ("reward.custom_reward_function.name", reward_fn_name),
+    ("custom_reward_function.reward_kwargs**", reward_fn_kwargs),  # verl reads reward_kwargs with .get(): not in
+    ("reward.custom_reward_function.reward_kwargs**", reward_fn_kwargs),  # its generated schema, added with +
+    ("reward.reward_manager.name", reward_manager),
+    ("reward_model.reward_manager", reward_manager),
+    ("reward.reward_manager.source", lambda f, ctx: ("informational_only", None, "register: one of verl's managers")
+     if f.value == "register" else ("not_implemented", None, "a custom reward manager class is not run: a custom "
+                                    "reward function is called per completion as verl's naive manager calls it")),
     ("reward.reward_model.enable", lacks((False, None), "a learned reward model: the harness's reward is rule-based")),
     ("reward_model.enable", lacks((False, None), "a learned reward model: the harness's reward is rule-based")),
     ("reward.num_workers", dist("reward workers")),
     ("reward_model.**", info("reward-model settings: inactive")),
-    ("reward.**", info("how the recipe's reward function is called: inactive, the harness's reward is used")),
-    ("custom_reward_function.*", info("the function's name")),
+    ("reward.**", info("verl's reward workers and reward-manager module settings: no training meaning here")),
+    ("custom_reward_function.*", info("a setting of the custom reward function")),
     ("sandbox_fusion.**", info("code-execution sandbox of some reward functions: unused")),
     # the rest
     ("critic.**", info("the critic exists only for adv_estimator=gae (refused): unused")),

@@ -21,7 +21,6 @@ from harness.errors import NonFiniteError, Problem
 from harness.diagnostics import StackDumps
 from harness.halt import Halt, Halted
 from harness.policy import Policy, device_of
-from harness.rewards import reward_config
 from harness.rounds import GenerationRound
 from harness.stages.resume import ResumePoint, load_final_weights, load_full_weights_strictly, stock_resume
 
@@ -72,11 +71,24 @@ def score_policy(plan, data, policy: Policy, *, label: str, policy_ref: str,
 
     c = plan.config
     return evaluate(policy.model, policy.processor, data.root, data.test_rows, plan=plan, split=c["data"]["eval_split"],
-                    label=label, policy=policy_ref, reward_cfg=reward_config(c["reward"]), is_vlm=c["model"]["is_vlm"],
+                    label=label, policy=policy_ref, rewards=plan_rewards(plan), is_vlm=c["model"]["is_vlm"],
                     max_new_tokens=c["train"]["eval_max_new_tokens"], batch_size=c["train"]["eval_batch_size"],
                     suppress_token_ids=policy.suppress_token_ids, eos_token_ids=policy.eos_token_ids,
                     # what makes the artifact comparable with a later `python -m harness.eval` of the same weights
                     extra=eval_settings(plan, data, policy_sha256))
+
+
+def plan_rewards(plan):
+    """The plan's reward functions, loaded once per process (eval before, training, periodic and final eval)."""
+    from harness.reward_fns import Rewards
+
+    cached = _REWARDS.get(id(plan))
+    if cached is None or cached[0] is not plan:
+        cached = _REWARDS[id(plan)] = (plan, Rewards(plan.config["reward"], data_source=plan.config["data"]["name"]))
+    return cached[1]
+
+
+_REWARDS: dict = {}
 
 
 def periodic_eval(plan, run_dir: Path, data, policy: Policy, ctx: RunContext):
@@ -97,7 +109,15 @@ def eval_settings(plan, data, policy_sha256: str | None) -> dict:
     recognize it (harness.eval.REUSE_KEYS; `python -m harness.eval` reads policy_sha256 and max_items)."""
     c = plan.config
     return {"policy_sha256": policy_sha256, "max_items": c["data"]["eval_max_items"],
-            "data_sha256": data.content_sha256, "reward": dict(c["reward"])}
+            "data_sha256": data.content_sha256, "reward": dict(c["reward"]),
+            # the reward files as they are now (an SFT warm start's eval too: its identity leaves the reward out)
+            "reward_sources": reward_sources(c["reward"])}
+
+
+def reward_sources(reward: dict) -> dict:
+    from harness.reward_fns import reward_identity
+
+    return {k: v for k, v in reward_identity(reward).items() if k.endswith("sha256")}
 
 
 def eval_before(plan, run_dir: Path, data, policy: Policy, resume: ResumePoint) -> dict:
@@ -169,10 +189,14 @@ def build(plan, run_dir: Path, data, policy: Policy, ctx: RunContext, resume: Re
         from harness.accounting.ledger import HarnessReward, provenance_of
 
         dataset = rl_dataset(data.root, data.train_rows, is_vlm=is_vlm)
-        reward = HarnessReward(ctx, reward_cfg=reward_config(c["reward"]), eos_token_ids=policy.eos_token_ids,
+        reward = HarnessReward(ctx, rewards=plan_rewards(plan), eos_token_ids=policy.eos_token_ids,
                                provenance=provenance_of(plan))
     else:
-        dataset, reward = sft_dataset(data.root, data.train_rows, is_vlm=is_vlm, seed=c["seed"]), None
+        from harness.trainsets import sft_passes
+
+        passes = sft_passes(c["arm"], c["budget"]["max_steps"], len(data.train_rows))
+        dataset = sft_dataset(data.root, data.train_rows, is_vlm=is_vlm, seed=c["seed"], passes=passes)
+        reward = None
     checkpoints = CheckpointCallback(ctx, keep_last=c["train"]["keep_last"])
     periodic = periodic_eval(plan, run_dir, data, policy, ctx) if c["train"]["eval_steps"] else None
     callbacks = [BudgetCallback(ctx), HaltCallback(ctx, halt or Halt(), c["budget"]["stop_after_steps"]),

@@ -27,6 +27,9 @@ def _copy_repo(dst: Path) -> Path:
     for name in ("harness", "arms", "conf", "sweeps", "accelerate"):
         shutil.copytree(REPO / name, dst / name, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy2(REPO / "pyproject.toml", dst / "pyproject.toml")
+    # the recipe's reward function, where its launch script names it (worker.reward.reward_function=examples/...):
+    # the port maps it to reward._target_, read relative to the directory the harness runs in
+    shutil.copytree(FIX / "examples", dst / "examples")
     return dst
 
 
@@ -53,6 +56,8 @@ def test_ported_preset_plans_as_the_port_planned(tmp_path):
     assert (arm["name"], arm["gamma"], arm["mask_ratio"], arm["init"]) == ("papo", 0.02, 0.6, "scratch")
     assert (arm["prompts_per_step"], arm["steps_per_generation"], arm["num_generations"]) == (4, 2, 4)
     assert plan["parent"] is None  # the source starts RL from its model: no SFT warm start
+    assert (plan["config"]["reward"]["_target_"], plan["config"]["reward"]["convention"]) == (
+        "examples/reward_function/math.py:compute_score", "easyr1")
     assert not (REPO / "conf" / "experiment" / "papo_port.yaml").exists()
 
 
@@ -70,3 +75,4 @@ def test_ported_papo_recipe_trains_with_debug_tiny(tmp_path):
     assert any("loss/kl_prcp" in r for r in rows)  # the perception term ran: gamma from kl_prcp_coef
     manifest = json.loads((run_dir / "run_manifest.json").read_text())
     assert manifest["plan"]["config"]["arm"]["gamma"] == 0.02
+    assert manifest["identity"]["reward"]["functions"]["main"]["file"] == str(root / "examples/reward_function/math.py")

@@ -131,7 +131,7 @@ def test_model_card_says_what_the_run_was(full_run):
     ident = manifest["identity"]
     for text in (f"# {full_run.name}", "**SFT** (`arm=sft`", ident["semantic_sha256"], ident["config_sha256"],
                  ident["data"]["content_sha256"], ident["model"]["files_sha256"],
-                 f"| loss tokens | cap {comp['loss_token_ceiling']} (budget.max_loss_tokens); the epoch prefix that "
+                 f"| loss tokens | cap {comp['loss_token_ceiling']} (budget.max_loss_tokens); the prefix of the planned passes that "
                  f"fits: {comp['planned_loss_tokens']} | {comp['realized_loss_tokens']} |",
                  f"| optimizer steps | at most 64 (budget.max_steps) | {comp['optimizer_steps']} |",
                  f"| overall | - | {after['accuracy']:.3f} |",

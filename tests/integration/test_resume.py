@@ -185,21 +185,29 @@ def test_changed_model_files_are_refused_with_a_diff(killed_after_step_5, tmp_pa
     assert proc.returncode == 4 and "identity.model.files_sha256" in proc.stderr and "f" * 64 in proc.stderr
 
 
-def test_changed_dataset_is_refused_with_a_diff(tmp_path):
+def test_a_changed_dataset_is_a_new_run_and_the_old_one_keeps_its_data(tmp_path):
+    """A dataset edited in place after a run was killed: the same command starts a new run (the run name carries the
+    data's content digest), never a resume onto other data nor a refusal that suggests another seed; the killed run
+    is left as it was, and scoring it on the edited data is refused with the content diff."""
     from harness.data import seal_dataset, write_synthetic
 
     data = write_synthetic(tmp_path / "data", n_base=40, data_seed=3, image_size=56)
     args = ("arm=sft", "debug=tiny", "data=jsonl", f"data.path={data}", "data.eval_split=val")
     run = _killed_run(tmp_path / "out", *args, kill_step=3)
+    before = json.loads((run / "run_manifest.json").read_text())
     rec = data / "records" / "train.jsonl"
     lines = rec.read_text().splitlines()
     row = json.loads(lines[0])
     row["question"] = row["question"].replace("What", "Which")
     rec.write_text("\n".join([json.dumps(row)] + lines[1:]) + "\n")
     seal_dataset(data, fill_digests=True)
-    proc = run_harness(f"output_root={tmp_path / 'out'}", *args, timeout=600)
+    plan = json.loads(run_harness("mode=plan", f"output_root={tmp_path / 'out'}", *args).stdout)
+    assert plan["run_dir"] != str(run) and plan["identity"]["semantic_sha256"] == before["identity"]["semantic_sha256"]
+    assert json.loads((run / "run_manifest.json").read_text()) == before  # the killed run is not touched
+    ckpt = sorted((run / "checkpoints").glob("checkpoint-*"))[-1]
+    proc = run_harness(str(run), f"policy={ckpt.name}", module="harness.eval", timeout=300)
     assert proc.returncode == 4 and "identity.data.content_sha256" in proc.stderr, proc.stderr[-2000:]
-    assert run.exists()
+    assert "seed" not in proc.stderr
 
 
 @pytest.mark.slow

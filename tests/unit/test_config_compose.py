@@ -64,7 +64,13 @@ def test_defaults(compose_cfg):
 
 @pytest.mark.parametrize("group,option", OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
 def test_every_option_composes_and_plans(plan_of, tmp_path, group, option):
-    extra = [f"data.path={tmp_path}"] if (group, option) == ("data", "jsonl") else []
+    extra = []
+    if (group, option) == ("data", "jsonl"):  # a sealed dataset of one's own
+        from harness.data.manifest import seal_dataset
+        from tests.own_data import write_colour_set
+
+        seal_dataset(write_colour_set(tmp_path / "mine", n=6, n_test=2), fill_digests=True)
+        extra = [f"data.path={tmp_path / 'mine'}"]
     if (group, option) in REFUSED_HERE:
         with pytest.raises(ConfigError) as err:
             plan_of(f"{group}={option}", *extra)

@@ -4,7 +4,8 @@ from harness.eval import REUSE_KEYS, reuse_mismatches
 
 WANTED = {"policy_sha256": "ab" * 32, "data_sha256": "cd" * 32, "split": "test", "max_items": None,
           "decoding": {"greedy": True, "max_new_tokens": 16, "batch_size": 64},
-          "reward": {"correct": 1.0, "format_weight": 0.0, "invalid_penalty": 0.5}, "code": {"commit": "x"}}
+          "reward": {"correct": 1.0, "format_weight": 0.0, "invalid_penalty": 0.5},
+          "reward_sources": {"main_source_sha256": "ef" * 32}, "code": {"commit": "x"}}
 
 
 def _stored(**change):

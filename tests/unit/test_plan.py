@@ -198,6 +198,12 @@ def _jsonl_dataset(root, relations):
     (root / "records").mkdir(parents=True)
     rows = [{"base_id": f"b{i}", "relation": rel} for i, rel in enumerate(relations)]
     (root / "records" / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    # what the planner reads of a dataset: its manifest (the run validates the files against it)
+    from harness.data.manifest import manifest_digest
+
+    m = {"schema_version": 1, "images": {}, "summary": {"rows": len(rows) + 1},
+         "records": {"records/train.jsonl": {"rows": len(rows)}, "records/test.jsonl": {"rows": 1}}}
+    (root / "manifest.json").write_text(json.dumps({**m, "sha256": manifest_digest(m)}))
     return root
 
 

@@ -30,6 +30,13 @@ DAPO_LAUNCH = ["data.mini_rollout_batch_size=128", "worker.actor.clip_ratio_low=
                "algorithm.disable_kl=True", "algorithm.online_filtering=True"]
 
 
+@pytest.fixture(autouse=True)
+def in_recipe_checkout(monkeypatch):
+    """The port runs where the recipe's launch script runs: its relative reward-function paths (examples/
+    reward_function/*.py, files modelled on EasyR1's and verl's) resolve under tests/fixtures/port/."""
+    monkeypatch.chdir(FIX)
+
+
 def by_field(result) -> dict:
     return {e.field: e for e in result.entries}
 
@@ -64,8 +71,16 @@ def test_papo_recipe_with_its_launch_overrides_maps_to_the_papo_arm():
     assert f["algorithm.kl_prcp_coef"].origin == "override" and f["algorithm.kl_coef"].origin == "config"
     assert f["data.rollout_batch_size"].cls == "semantically_conformant"
     assert "3600 training rows" in f["trainer.total_epochs"].note
-    assert f["worker.reward.reward_function"].cls == "not_implemented"
     assert f["worker.actor.model.model_path"].note.startswith("replaced on purpose")
+    # the launch script's reward function, called as EasyR1 calls it
+    assert (v["reward._target_"], v["reward.convention"]) == ("examples/reward_function/math.py:compute_score", "easyr1")
+    assert "reward.kwargs" not in v  # reward_function_kwargs empty
+    rf = f["worker.reward.reward_function"]
+    assert (rf.cls, rf.harness, rf.origin) == ("exact", "reward._target_", "override")
+    assert "read relative to the directory the harness runs in (found from here)" in rf.note
+    assert "REWARD_TYPE = 'batch'" in rf.note and "<answer>" in rf.note
+    assert f["worker.reward.reward_type"].cls == "exact"  # the fork's batch = the file's REWARD_TYPE
+    assert {"reward._target_=examples/reward_function/math.py:compute_score", "reward.convention=easyr1"} <= set(r.overrides)
 
 
 def test_papo_recipe_without_harness_data_is_refused_with_the_convert_command():
@@ -126,6 +141,115 @@ def test_dapo_recipe_easyr1_with_its_launch_overrides():
     assert f["data.mini_rollout_batch_size"].cls == "not_implemented"
     assert f["algorithm.kl_coef"].cls == "informational_only"  # disable_kl: inactive
     assert f["worker.actor.model.lora.target_modules"].cls == "informational_only"  # LoRA rank 0: inactive
+    assert (v["reward._target_"], v["reward.convention"]) == ("./examples/reward_function/math.py:compute_score", "easyr1")
+    assert f["worker.reward.reward_type"].cls == "informational_only"  # upstream EasyR1 reads the module's REWARD_TYPE
+
+
+# --- the recipe's reward function
+
+# examples/qwen3_14b_dapo17k_dapo.sh of EasyR1: dapo.py's compute_score takes three required keyword arguments
+DAPO17K_REWARD = ["worker.reward.reward_function=./examples/reward_function/dapo.py:compute_score",
+                  'worker.reward.reward_function_kwargs={"max_response_length":20480,"overlong_buffer_length":4096,'
+                  '"overlong_penalty_factor":1.0}']
+DAPO17K_KWARGS = {"max_response_length": 20480, "overlong_buffer_length": 4096, "overlong_penalty_factor": 1.0}
+
+
+def test_easyr1_reward_function_kwargs_map_to_reward_kwargs():
+    r = port("easyr1", str(FIX / "easyr1_dapo.yaml"), DAPO_LAUNCH + DAPO17K_REWARD, TINY)
+    v, f = values(r), by_field(r)
+    assert v["reward._target_"] == "./examples/reward_function/dapo.py:compute_score"
+    assert v["reward.kwargs"] == DAPO17K_KWARGS
+    for name in DAPO17K_KWARGS:
+        e = f["worker.reward.reward_function_kwargs." + name]
+        assert (e.cls, e.harness) == ("exact", "reward.kwargs")
+
+
+def test_easyr1_reward_function_kwargs_compose():
+    from harness.config.compose import compose
+
+    r = port("easyr1", str(FIX / "easyr1_dapo.yaml"), DAPO_LAUNCH + DAPO17K_REWARD, TINY)
+    assert r.runnable, [p.render() for p in r.problems]
+    cfg, _ = compose(r.overrides)
+    assert dict(cfg.reward.kwargs) == DAPO17K_KWARGS
+
+
+def test_easyr1_reward_function_without_a_name_is_main_and_planned():
+    r = port("easyr1", str(FIX / "easyr1_dapo.yaml"), ["worker.reward.reward_function=examples/reward_function/math.py"],
+             TINY)
+    assert values(r)["reward._target_"] == "examples/reward_function/math.py:main"  # EasyR1's default name
+    assert "main, EasyR1's default" in by_field(r)["worker.reward.reward_function"].note
+    # the plan reads the file: it defines no main, so the port is refused with the plan's reason
+    assert any(p.field == "reward._target_" and "main" in p.why for p in r.problems)
+
+
+def test_papo_fork_reward_type_must_match_the_module_declaration():
+    r = port("easyr1", str(FIX / "easyr1_grpo_papo.yaml"), PAPO_LAUNCH + ["worker.reward.reward_type=sequential"], TINY)
+    p = next(p for p in r.problems if p.field == "worker.reward.reward_type")
+    assert "REWARD_TYPE = 'batch'" in p.why and "REWARD_TYPE = 'sequential'" in p.fix
+    assert by_field(r)["worker.reward.reward_type"].cls == "unsupported"
+
+
+def test_easyr1_reward_function_with_special_tokens_refused():
+    r = port("easyr1", str(FIX / "easyr1_dapo.yaml"), ["worker.reward.skip_special_tokens=false"], TINY)
+    assert [p.field for p in r.problems] == ["worker.reward.skip_special_tokens"]
+
+
+def test_easyr1_missing_reward_file_reported_in_the_note(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # not the recipe's checkout
+    r = port("easyr1", str(FIX / "easyr1_dapo.yaml"), DAPO_LAUNCH, TINY)
+    assert "not found from here" in by_field(r)["worker.reward.reward_function"].note
+    assert values(r)["reward._target_"] == "./examples/reward_function/math.py:compute_score"
+
+
+@pytest.mark.parametrize("section", ["reward.custom_reward_function", "custom_reward_function"])
+def test_verl_custom_reward_function_maps_to_the_verl_convention(section):
+    r = port("verl", str(FIX / "verl_grpo.yaml"), [f"{section}.path=examples/reward_function/gsm8k.py"], TINY)
+    assert r.runnable, [p.render() for p in r.problems]
+    v, f = values(r), by_field(r)
+    assert (v["reward._target_"], v["reward.convention"]) == ("examples/reward_function/gsm8k.py:compute_score", "verl")
+    e = f[f"{section}.path"]
+    assert (e.cls, e.harness) == ("semantically_conformant", "reward._target_") and "found from here" in e.note
+    assert f[f"{section}.name"].harness == "reward._target_"  # null (legacy) or compute_score: verl's default
+    other = "custom_reward_function" if section.startswith("reward.") else "reward.custom_reward_function"
+    assert f[f"{other}.path"].cls == "informational_only"
+    assert "reward._target_=examples/reward_function/gsm8k.py:compute_score" in r.overrides
+
+
+def test_verl_legacy_section_replaces_the_new_one_and_pkg_paths_are_modules():
+    r = port("verl", str(FIX / "verl_grpo.yaml"), ["reward.custom_reward_function.path=examples/reward_function/math.py",
+                                                   "custom_reward_function.path=pkg://harness.rewards",
+                                                   "custom_reward_function.name=answer_reward"], TINY)
+    v, f = values(r), by_field(r)
+    assert v["reward._target_"] == "harness.rewards:answer_reward"  # verl v0.9's migration: the legacy section wins
+    assert f["reward.custom_reward_function.path"].note.startswith("superseded")
+    assert "imported from the Python path" in f["custom_reward_function.path"].note
+
+
+def test_verl_without_custom_reward_function_keeps_the_harness_reward():
+    r = port("verl", str(FIX / "verl_grpo.yaml"), [], TINY)
+    assert "reward._target_" not in values(r)
+    e = by_field(r)["reward.custom_reward_function.path"]
+    assert e.cls == "not_implemented" and "default_compute_score" in e.note
+
+
+def test_verl_reward_kwargs_map_to_reward_kwargs():
+    """verl reads custom_reward_function.reward_kwargs with .get() (verl/trainer/ppo/reward.py), which launch scripts
+    add with +; the port's schema has the key (empty), so it maps to reward.kwargs, and the ported overrides plan."""
+    r = port("verl", str(FIX / "verl_grpo.yaml"), ["reward.custom_reward_function.path=examples/reward_function/gsm8k.py",
+                                                   "+reward.custom_reward_function.reward_kwargs.format_score=0.1"], TINY)
+    v, f = values(r), by_field(r)
+    assert v["reward.kwargs"] == {"format_score": 0.1}
+    assert f["reward.custom_reward_function.reward_kwargs.format_score"].harness == "reward.kwargs"
+    assert "+reward.kwargs={format_score:0.1}" in r.overrides
+
+
+def test_ported_reward_overrides_parse_as_hydra_overrides():
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    r = port("easyr1", str(FIX / "easyr1_dapo.yaml"), DAPO_LAUNCH, TINY)
+    parsed = {o.key_or_group: o.value() for o in OverridesParser.create().parse_overrides(r.overrides)}
+    assert parsed["reward._target_"] == "./examples/reward_function/math.py:compute_score"
+    assert parsed["reward.convention"] == "easyr1"
 
 
 # --- every field once, one of the seven classes
@@ -202,7 +326,7 @@ def test_harness_group_replaces_what_the_recipe_says_of_it():
 # --- the CLI: JSON, exit codes, no traceback, the preset, the import boundary
 
 
-def _cli(*args, cwd=REPO, importtime=False):
+def _cli(*args, cwd=FIX, importtime=False):
     cmd = [sys.executable, *(["-X", "importtime"] if importtime else []), "-m", "harness.port", *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=cwd)
 

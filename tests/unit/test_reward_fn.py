@@ -10,6 +10,7 @@ import pytest
 
 from harness.accounting.logs import AppendLog, read_rows
 from harness.accounting.ledger import HarnessReward
+from harness.reward_fns import Rewards
 from harness.rounds import GenerationRound
 
 
@@ -24,7 +25,7 @@ def _reward(tmp_path, rank: int, world: int, *, prompts_per_step=4, G=8, spg=1, 
     ctx = SimpleNamespace(rank=rank, world=world, tokens_used=0, completions=0, round=rnd,
                           ledger=AppendLog(tmp_path, f"ledgers/rank-{rank}.jsonl"),
                           trace=AppendLog(tmp_path, f"traces/rank-{rank}.jsonl"))
-    fn = HarnessReward(ctx, reward_cfg=_Cfg(), eos_token_ids=[0],
+    fn = HarnessReward(ctx, rewards=Rewards.builtin(_Cfg()), eos_token_ids=[0],
                        provenance={"semantic_sha256": "abcdef0123", "config_sha256": "x"})
     return fn, ctx
 
