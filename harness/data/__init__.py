@@ -11,7 +11,7 @@ Layout of a dataset root (every path in it is relative and POSIX):
 A row: base_id (the unit of splitting), group_id (views answering one question about one base
 item), view_id (unique within the group), split, relation (FULL | CONTROL | MISSING | SUBSTITUTE),
 question, optional choices [{key, text}], images [{path, sha256, optional index}], answer_type
-(choice | word | number), target ("" = the abstention, required on MISSING and only there),
+(choice | word | number | text), target ("" = the abstention, required on MISSING and only there),
 evidence [[x0, y0, x1, y1], ...] (pixels of the first image, x1/y1 exclusive; [] when unknown or
 on MISSING), and optionally candidates (the group's answers in target space, for evi_po),
 missing_images / control_images (on FULL rows: the group's MISSING and CONTROL images), meta.
