@@ -1,6 +1,9 @@
 """`python -m harness [overrides]`: compose (Hydra) -> plan -> run (see harness/cli.py)."""
 
+import sys
+
 from harness.cli import main
+from harness.entry import run
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run(main))

@@ -38,6 +38,9 @@ def run(cfg: DictConfig, choices: dict | None = None, overrides: list[str] | Non
                                        "only one would run", f"python -m harness -m sweep={choices['sweep']} ...")])
         plan = build_plan(cfg, choices, overrides)
         if plan.config["mode"] == "plan":
+            from harness.rundir import check_writable_dirs
+
+            check_writable_dirs(_dirs(plan), create=False)  # what the run refuses, the plan refuses (writing nothing)
             print(plan_json(plan))
             for w in plan.warnings:
                 log.warning("warning: %s", w)
@@ -102,6 +105,7 @@ class SweepCallback(Callback):
         from harness.rundir import atomic_write_json, now
 
         sweep_dir = Path(config.hydra.sweep.dir)
+        remove_empty_job_dirs(sweep_dir)
         jobs = []
         for p in sorted((sweep_dir / "jobs").glob("*.json"), key=lambda q: int(q.stem) if q.stem.isdigit() else -1):
             try:
@@ -123,6 +127,17 @@ class SweepCallback(Callback):
         log.info("sweep: %d job(s), %d completed, %s%s%d failed; %s", len(jobs), completed,
                  f"{len(paused)} paused, " if paused else "",
                  f"{len(interrupted)} interrupted, " if interrupted else "", len(failed), sweep_dir)
+
+
+def remove_empty_job_dirs(sweep_dir: Path) -> None:
+    """Hydra's launchers make <sweep dir>/<job number>/ for every job; the harness writes nothing there (run dirs
+    come from the plan; each job's record is jobs/<n>.json): the empty ones go, so the sweep dir holds what it says."""
+    for d in sweep_dir.iterdir() if sweep_dir.is_dir() else ():
+        if d.is_dir() and d.name.isdigit():
+            try:
+                d.rmdir()  # only when empty: a launcher's own files (logs) stay
+            except OSError:
+                pass
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
@@ -227,6 +242,41 @@ def compose_and_run(argv: list[str]) -> int:
     return run(cfg, choices, argv, checked=True)
 
 
+def flag_problems(argv: list[str], known: set[str]) -> list:
+    """`--output_root=/tmp/x` (a TRL or argparse habit): a Problem with its Hydra form `output_root=/tmp/x`, for each
+    `--key[=value]` that is not one of Hydra's own flags (`known`)."""
+    from harness.errors import Problem
+
+    out = []
+    for i, a in enumerate(argv):
+        name, eq, value = a.partition("=")
+        if not a.startswith("--") or name in known or len(name) < 3:
+            continue
+        if not eq and i + 1 < len(argv) and not argv[i + 1].startswith("-") and "=" not in argv[i + 1]:
+            value = argv[i + 1]
+        key = _schema_key(name[2:])
+        out.append(Problem("command line", a, "the harness takes Hydra overrides key=value, not --key=value flags",
+                           f"write {key}={value or '...'} (python -m harness --help lists every key)"))
+    return out
+
+
+def _schema_key(flag: str) -> str:
+    """The schema key a flag's name means: itself, the one key it ends (learning_rate -> arm.learning_rate), or
+    the closest; else the name as given."""
+    from harness.config import schema
+    from harness.config.overrides import suggest
+
+    keys = [p for p, _ in schema.iter_fields(schema.Config)]
+    keys += [f"{g}.{p}" for g, opts in schema.SCHEMAS.items() for c in opts.values() for p, _ in schema.iter_fields(c)]
+    name = flag.replace("-", "_")
+    if name in keys:
+        return name
+    ends = sorted({k for k in keys if k.endswith("." + name)})
+    if ends:
+        return ends[0]
+    return suggest(name, keys) or name
+
+
 def precheck_hydra_cli(argv: list[str]) -> int:
     """Before hydra.main composes (flags, hydra.* overrides, -m): the same strict check as a plain run.
 
@@ -237,8 +287,15 @@ def precheck_hydra_cli(argv: list[str]) -> int:
     """
     from hydra._internal.utils import get_args_parser
 
+    parser = get_args_parser()
+    flags = flag_problems(argv, set(parser._option_string_actions))
+    if flags:
+        from harness.errors import ConfigError
+
+        print(ConfigError(flags), file=sys.stderr)
+        return 2
     try:
-        args = get_args_parser().parse_args(argv)
+        args = parser.parse_args(argv)
     except SystemExit:  # a bad flag: Hydra's own usage message says it
         return 0
     if any(getattr(args, a, None) for a in ("hydra_help", "shell_completion", "experimental_rerun", "config_path",

@@ -165,15 +165,20 @@ class RunDir:
         self.release()
 
 
-def check_writable_dirs(dirs: dict[str, str]) -> None:
+def check_writable_dirs(dirs: dict[str, str], create: bool = True) -> None:
     """Every {field: directory} exists or is created now, and takes a file, checked before any work: a
-    ConfigError naming the field, its value and the OS's reason instead of a traceback mid-run."""
+    ConfigError naming the field, its value and the OS's reason instead of a traceback mid-run. `create=False`
+    (mode=plan, which writes nothing): the same verdict from what exists, the nearest existing folder of each
+    path being a directory this process may write into."""
     from harness.errors import ConfigError, Problem
 
     problems = []
     for key, value in dirs.items():
         path = Path(value).expanduser()
         try:
+            if not create:
+                _probe_without_writing(path)
+                continue
             path.mkdir(parents=True, exist_ok=True)
             fd, probe = tempfile.mkstemp(prefix=".harness-write-probe-", dir=path)
             os.close(fd)
@@ -187,6 +192,17 @@ def check_writable_dirs(dirs: dict[str, str]) -> None:
                                     f"set {key} to a directory you can write (it is created when missing)"))
     if problems:
         raise ConfigError(problems)
+
+
+def _probe_without_writing(path: Path) -> None:
+    """Raise the OSError a mkdir + write under `path` would meet, without making either."""
+    import errno
+
+    nearest = next(p for p in (path, *path.parents) if p.exists())
+    if not nearest.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(nearest))
+    if not os.access(nearest, os.W_OK | os.X_OK):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(nearest))
 
 
 def lock_problem(content: bytes) -> str | None:

@@ -72,6 +72,12 @@ def groups_help() -> str:
     from harness.config.paths import CONF_DIR as conf, SWEEPS_DIR as sweeps
     rows = []
     for group in sorted(p for p in conf.iterdir() if p.is_dir()):
+        if group.name == "hydra":  # Hydra's own groups (hydra/launcher=slurm): listed with the launchers
+            for sub in sorted(p for p in group.iterdir() if p.is_dir()):
+                own = ", ".join(sorted(y.stem for y in sub.glob("*.yaml")))
+                extra = "; Hydra's own: basic, joblib" if sub.name == "launcher" else ""
+                rows.append(f"  hydra/{sub.name} (with -m): {own}{extra}")
+            continue
         options = ", ".join(sorted(y.stem for y in group.glob("*.yaml")))
         rows.append(f"  {group.name}: {options}")
     rows.append(f"  sweep (with -m): {', '.join(sorted(y.stem for y in sweeps.glob('*.yaml')))}")

@@ -251,7 +251,7 @@ class Config:
     placement: PlacementConfig = MISSING
     logger: LoggerConfig = MISSING
     budget: BudgetConfig = MISSING
-    reward: RewardConfig = f(help="reward shaping shared by every RL arm", factory=RewardConfig)
+    reward: RewardConfig = f(help="the reward function(s) every RL arm trains on and eval scores with", factory=RewardConfig)
     train: TrainConfig = f(help="logging, checkpoint and eval schedule", factory=TrainConfig)
 
 

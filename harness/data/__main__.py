@@ -135,4 +135,6 @@ def _init(args: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from harness.entry import run
+
+    sys.exit(run(main))

@@ -1,5 +1,6 @@
 import sys
 
+from harness.entry import run
 from harness.eval.cli import main
 
-sys.exit(main())
+sys.exit(run(main))

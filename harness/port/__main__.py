@@ -72,4 +72,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from harness.entry import run
+
+    raise SystemExit(run(main))

@@ -2,7 +2,8 @@
 
 import sys
 
+from harness.entry import run
 from harness.report.cli import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(main))
