@@ -178,6 +178,11 @@ def execute_one(plan: Plan, parent_s: float = 0.0) -> int:
             if main:
                 log.info("run %s is already complete; nothing to do.", plan.run_name)
                 log.info("  %s", run.path)
+                added = loggers_not_logged(plan.config["logger"], run.manifest["plan"]["config"]["logger"])
+                if added:  # logger.* is not the run's identity: this command found the finished run, not a new one
+                    log.info("  %s: loggers are not part of a run's identity, so this finished run is not trained "
+                             "again; send its record there with: python -m harness.export %s --to %s",
+                             ", ".join(f"logger={a}" for a in added), run.path, added[0])
                 _summary(plan, read_json(run.path / COMPLETION))
             return 0
         if not main:
@@ -206,6 +211,11 @@ def execute_one(plan: Plan, parent_s: float = 0.0) -> int:
         finish(failed=failed)  # a W&B run ends with its run (completed, stopped or failed)
         if run is not None:
             run.release()
+
+
+def loggers_not_logged(wanted: dict, logged: dict) -> list[str]:
+    """The loggers (tensorboard, wandb, trackio) this command asks for that the finished run did not log to."""
+    return [name for name in ("tensorboard", "wandb", "trackio") if wanted.get(name) and not logged.get(name)]
 
 
 def _halted(plan: Plan, run: RunDir, halt: Halted) -> int:
