@@ -24,6 +24,7 @@ Every problem of the config is collected into one ConfigError. The plan's identi
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -36,6 +37,7 @@ from omegaconf.errors import OmegaConfBaseException
 from arms import registry
 from harness import identity as ident
 from harness.config.checks import checkpoint_path, run_checks
+from harness.config.fields import DERIVED, TEACHER, WARM_START
 from harness.config.schema import Config, Source, SyntheticData
 from harness.config.store import TEACHER_SUFFIX, WARM_START_SUFFIX
 from harness.data.spec import split_rows, synthetic_args
@@ -214,22 +216,40 @@ def _derived_plan(overrides: list[str], dropped, suffix: str, extra: list[str], 
                            for p in exc.problems]) from None
 
 
+def inherited(key: str, role: str) -> bool:
+    """Whether the run derived as `role` (WARM_START, TEACHER) takes this key of its child's command line (or
+    experiment preset): what the schema field on its path says (`derived=` of harness.config.fields.f; a group's
+    field decides for every key under it). A key the schema does not know (hydra.*, a group option such as
+    debug=tiny, a key of one data option only) is taken: the compose of the derived run judges it."""
+    import typing
+
+    cls: Any = Config
+    for seg in key.lstrip("+~").split("."):
+        fld = next((x for x in dataclasses.fields(cls) if x.name == seg), None) if dataclasses.is_dataclass(cls) else None
+        if fld is None:
+            return True
+        if role not in fld.metadata.get("derived", DERIVED):
+            return False
+        tp = typing.get_type_hints(cls)[seg]
+        tp = next((t for t in (tp, *typing.get_args(tp)) if dataclasses.is_dataclass(t)), None)
+        if tp is None:
+            return True
+        cls = tp
+    return True
+
+
 def _not_for_warm_start(key: str) -> bool:
-    """Whether the SFT warm start leaves out this key of its child's command line (or experiment preset)."""
-    # train.save_steps is not semantic: a warm start of a few seconds needs only its final checkpoint;
-    # SFT samples nothing, so the child's rollout (e.g. vLLM) is not the parent's
-    # budget.stop_after_steps pauses the run itself, not its warm start; train.push_to_hub pushes the run's policy
-    return (key in ("arm", "mode", "run_mode", "budget.max_steps", "budget.stop_after_steps", "train.save_steps",
-                    "rollout", "train.push_to_hub", "train.hub_model_id")
-            or key.startswith(("arm.", "rollout.")))  # by key: `model=...` is kept (it starts with "mode")
+    """Whether the SFT warm start leaves out this key of its child's command line: the arm and its knobs, the
+    rollout (SFT samples nothing), the step caps and checkpoint cadence (its own), and what acts on this run only
+    (a pause, a push, the mode): the schema's `derived` flags (inherited)."""
+    return not inherited(key, WARM_START)
 
 
 def _not_for_teacher(key: str) -> bool:
-    """Whether a planned teacher leaves out this key of its student's command line (or experiment preset): the
-    student's arm and knobs, and what acts on this run only (pausing it, pushing it). The budget, step caps,
-    rollout, model, data, seed and train.* stay: the teacher is the run `arm=<teacher>` makes of the same line."""
-    return (key in ("arm", "mode", "run_mode", "budget.stop_after_steps", "train.push_to_hub", "train.hub_model_id")
-            or key.startswith("arm."))
+    """Whether a planned teacher leaves out this key of its student's command line: the student's arm and knobs,
+    and what acts on this run only (pausing it, pushing it). The budget, step caps, rollout, model, data, seed and
+    train.* stay: the teacher is the run `arm=<teacher>` makes of the same line."""
+    return not inherited(key, TEACHER)
 
 
 def _derived_experiment(override: str, dropped, suffix: str) -> str:

@@ -12,9 +12,17 @@ from typing import Any
 from omegaconf import MISSING
 
 
-def f(default: Any = MISSING, help: str = "", *, semantic: bool = True, factory=None, **bounds):
-    """A schema field: default, one-line help, semantic flag and numeric bounds (ge/gt/le/lt)."""
-    meta = {"help": help, "semantic": semantic, **bounds}
+#: The runs derived from a run's command line (harness.plan): its SFT warm start and its planned teacher.
+WARM_START, TEACHER = "warm_start", "teacher"
+DERIVED = (WARM_START, TEACHER)
+
+
+def f(default: Any = MISSING, help: str = "", *, semantic: bool = True, factory=None, derived: tuple = DERIVED,
+      **bounds):
+    """A schema field: default, one-line help, semantic flag, numeric bounds (ge/gt/le/lt), and `derived`: the runs
+    derived from a command line (WARM_START, TEACHER) that take this field's value from it; () = this run's own
+    (a pause, a push, the arm: harness.plan.inherited). A group's field says it for every key of the group."""
+    meta = {"help": help, "semantic": semantic, "derived": tuple(derived), **bounds}
     if factory is not None:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)

@@ -32,6 +32,7 @@ from harness.config.fields import (  # noqa: F401  (the vocabularies are read fr
     PlacementKind,
     Resume,
     RewardConvention,
+    TEACHER,
     RolloutBackend,
     RunMode,
     Scheduler,
@@ -209,18 +210,18 @@ class BudgetConfig:
     name: str = f("default", "option name (conf/budget/<name>.yaml)")
     max_completion_tokens: int = f(MISSING, "sampled completion tokens a run may spend (all ranks), never exceeded; what stops an RL arm: the run ends after the last step whose successor could exceed it", ge=1)
     max_loss_tokens: int = f(MISSING, "SFT: loss-bearing tokens a run may train on (longest prefix of one epoch that fits)", ge=1)
-    max_steps: int = f(MISSING, "optimizer steps at most: a safety cap above the token budget (set it so the budget binds, or a comparison is bound by steps)", ge=1)
+    max_steps: int = f(MISSING, "optimizer steps at most: a safety cap above the token budget (set it so the budget binds, or a comparison is bound by steps)", ge=1, derived=(TEACHER,))
     sft_warm_start_steps: int = f(150, "RL arms with arm.init=sft: optimizer steps of the SFT warm start, over as many passes of the training split as they need (each pass in a fresh seeded order)", ge=1)
     sft_warm_start_epochs: Optional[int] = f(None, "RL arms with arm.init=sft: size the warm start in passes over the training split instead (its steps = ceil(epochs x train rows / the SFT batch size), shown by mode=plan); null = budget.sft_warm_start_steps", ge=1)
     sft_warm_start_min_format: float = f(0.5, "RL arms with arm.init=sft: the share of eval views whose greedy answer the warm start must write well-formed (<answer>...</answer>) before RL starts; below it the run stops with the fix (an RL run from a policy that never writes the format gets one reward for every completion and makes no update); 0 = do not check", semantic=False, ge=0.0, le=1.0)
     sft_warm_start_max_length: Optional[int] = f(None, "RL arms with arm.init=sft: the warm start's arm.max_length (tokens per SFT row: prompt with its image tokens + answer); null = conf/arm/sft.yaml's. Raise it for large images (harness's prompt preflight says how far)", ge=8)
-    stop_after_steps: Optional[int] = f(None, "pause: stop after this optimizer step with a checkpoint (status paused, exit 0); the same command without it continues to the planned end", semantic=False, ge=1)
+    stop_after_steps: Optional[int] = f(None, "pause: stop after this optimizer step with a checkpoint (status paused, exit 0); the same command without it continues to the planned end", semantic=False, ge=1, derived=())
 
 
 @dataclass
 class TrainConfig:
     logging_steps: int = f(1, "log metrics every N optimizer steps", semantic=False, ge=1)
-    save_steps: int = f(20, "checkpoint every N optimizer steps", semantic=False, ge=1)
+    save_steps: int = f(20, "checkpoint every N optimizer steps", semantic=False, ge=1, derived=(TEACHER,))
     keep_last: int = f(2, "resumable checkpoints kept besides the permanent final one", semantic=False, ge=1)
     eval_before: bool = f(True, "RL arms: evaluate the init policy before training")
     eval_after: bool = f(True, "evaluate the final policy after training")
@@ -228,8 +229,8 @@ class TrainConfig:
     eval_batch_size: int = f(64, "prompts per greedy eval batch", semantic=False, ge=1)
     eval_max_new_tokens: int = f(16, "greedy eval: tokens generated per answer at most", ge=1)
     max_nonfinite_steps: int = f(3, "optimizer steps whose gradient is not finite (NaN/inf loss or gradient) that are skipped (no optimizer or scheduler update; their sampled tokens still count) before the run stops with an error", semantic=False, ge=0)
-    push_to_hub: bool = f(False, "after the final eval, push final_policy/ (weights, processor, model card) to the Hugging Face Hub repo train.hub_model_id; refused at plan time without an HF token or a reachable Hub", semantic=False)
-    hub_model_id: Optional[str] = f(None, "the Hub repo (<user or org>/<name>) train.push_to_hub pushes to; required with it", semantic=False)
+    push_to_hub: bool = f(False, "after the final eval, push final_policy/ (weights, processor, model card) to the Hugging Face Hub repo train.hub_model_id; refused at plan time without an HF token or a reachable Hub", semantic=False, derived=())
+    hub_model_id: Optional[str] = f(None, "the Hub repo (<user or org>/<name>) train.push_to_hub pushes to; required with it", semantic=False, derived=())
     hang_timeout_s: Optional[float] = f(None, "hang watchdog: when no optimizer step completes in this many seconds, every thread's stack goes to <run_dir>/diagnostics/hang-<rank>-<time>.txt (training goes on); null = off", semantic=False, gt=0)
 
 
@@ -239,15 +240,15 @@ class Config:
 
     seed: int = f(0, "run seed: initialization, sampling and data order (not the dataset)", ge=0)
     output_root: str = f("outputs", "root of run dirs (<output_root>/runs/<run_name>) and caches", semantic=False)
-    mode: Mode = f(Mode.train, "train, or plan: print the plan as JSON and write nothing", semantic=False)
-    run_mode: RunMode = f(RunMode.normal, "normal, or smoke: checkpoint, die, resume in a new process, verify", semantic=False)
+    mode: Mode = f(Mode.train, "train, or plan: print the plan as JSON and write nothing", semantic=False, derived=())
+    run_mode: RunMode = f(RunMode.normal, "normal, or smoke: checkpoint, die, resume in a new process, verify", semantic=False, derived=())
     resume: Resume = f(Resume.auto, "auto: continue a run dir of the same identity; must: refuse when none; never: refuse when it exists", semantic=False)
     resume_from: Optional[str] = f(None, "a checkpoint dir to resume from; must be the run's newest complete one (no silent rollback)", semantic=False)
     objective: str = f("eval/accuracy", "what a multirun job returns to its sweeper (hydra/sweeper=optuna optimizes it): a metric of the finished run as python -m harness.report names it, e.g. eval/accuracy, eval/FULL/accuracy, train/reward_last10pct", semantic=False)
     model: ModelConfig = MISSING
-    arm: ArmConfig = MISSING
+    arm: ArmConfig = f(MISSING, "the method and its knobs (conf/arm/<name>.yaml)", derived=())  # each run its own arm
     data: DataConfig = MISSING
-    rollout: RolloutConfig = MISSING
+    rollout: RolloutConfig = f(MISSING, "how completions are sampled (conf/rollout/<name>.yaml)", derived=(TEACHER,))  # SFT samples nothing
     placement: PlacementConfig = MISSING
     logger: LoggerConfig = MISSING
     budget: BudgetConfig = MISSING
