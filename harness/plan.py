@@ -25,6 +25,7 @@ Every problem of the config is collected into one ConfigError. The plan's identi
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import re
@@ -67,6 +68,14 @@ class Plan:
     @property
     def arm(self) -> str:
         return self.config["arm"]["name"]
+
+    @functools.cached_property
+    def round(self) -> GenerationRound | None:
+        """The generation round of an arm that samples (None for sft): the one the run's ranks, trainers, ledger and
+        smoke check use (plan time builds it from the typed config: budget_summary, the arm's check_round)."""
+        if not self.rl:
+            return None
+        return GenerationRound.of(self.config["arm"], world=self.config["placement"]["num_processes"])
 
     @property
     def rl(self) -> bool:

@@ -119,10 +119,9 @@ def check_resumed_run(run_dir: Path) -> list[str]:
         out.append(f"metrics.jsonl steps are {metric_steps[:20]}..., expected 1..{steps} once each")
     ledger = run_dir / "ledgers" / "rank-0.jsonl"
     if ledger.exists():
-        from harness.rounds import GenerationRound
+        from harness.plan import Plan
 
-        arm = json.loads((run_dir / "run_manifest.json").read_text())["plan"]["config"]["arm"]
-        rnd = GenerationRound.of(arm)
+        rnd = Plan.from_json(json.loads((run_dir / "run_manifest.json").read_text())["plan"]).round
         per_step = Counter(r["step"] for r in read_rows(ledger))
         # TRL samples at the global step it is about to take, once per generation round
         expected = {s for s in range(steps) if rnd.opens_round(s)}

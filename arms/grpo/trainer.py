@@ -14,12 +14,10 @@ from harness.rollout import rollout_kwargs
 
 
 def grpo_config_kwargs(ctx: BuildContext) -> dict:
-    from harness.rounds import GenerationRound
-
     c = ctx.plan.config
     a, r = c["arm"], c["rollout"]
     # harness units -> TRL units: TRL's steps_per_generation counts micro-batches (harness.rounds)
-    rnd = GenerationRound.of(a, world=ctx.world)  # the plan checked that it divides
+    rnd = ctx.plan.round  # the plan checked that it divides
     kw = dict(
         training_kwargs(ctx),
         **rnd.trl_kwargs(),
@@ -47,8 +45,6 @@ def grpo_config_kwargs(ctx: BuildContext) -> dict:
 def build_trainer(ctx: BuildContext, trainer_cls=None, config_cls=None, **extra_config):
     from trl import GRPOConfig, GRPOTrainer
 
-    from harness.rounds import GenerationRound
-
     args = (config_cls or GRPOConfig)(**grpo_config_kwargs(ctx), **extra_config)
     trainer = (trainer_cls or GRPOTrainer)(
         model=ctx.model,
@@ -58,5 +54,5 @@ def build_trainer(ctx: BuildContext, trainer_cls=None, config_cls=None, **extra_
         processing_class=ctx.processor,
         callbacks=ctx.callbacks,
     )
-    trainer.generation_round = GenerationRound.of(ctx.plan.config["arm"], world=ctx.world)
+    trainer.generation_round = ctx.plan.round
     return trainer

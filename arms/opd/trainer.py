@@ -34,7 +34,7 @@ from harness.rounds import GenerationRound
 
 def opd_config_kwargs(ctx: BuildContext) -> dict:
     a = ctx.plan.config["arm"]
-    rnd = GenerationRound.of(a, world=ctx.world)  # the plan checked that it divides
+    rnd = ctx.plan.round  # the plan checked that it divides
     return dict(
         training_kwargs(ctx),
         # TRL's generation batch = per_device_train_batch_size x ranks x accumulation = one optimizer step's prompts
@@ -110,7 +110,7 @@ def build_trainer(ctx: BuildContext):
             return batch
 
     a = ctx.plan.config["arm"]
-    rnd = GenerationRound.of(a, world=ctx.world)
+    rnd = ctx.plan.round
     ctx.reward_fn.hold_trace()  # each trace row waits for its completion's divergence (_compute_loss)
     teacher = load_teacher(ctx.plan.identity["teacher"]["path"], ctx.device, ctx.plan.config["model"])
     trainer = OpdTrainer(

@@ -21,7 +21,6 @@ from harness.errors import NonFiniteError, Problem
 from harness.diagnostics import StackDumps
 from harness.halt import Halt, Halted
 from harness.policy import Policy, device_of
-from harness.rounds import GenerationRound
 from harness.stages.resume import ResumePoint, load_final_weights, load_full_weights_strictly, stock_resume
 
 log = logging.getLogger("harness")
@@ -48,7 +47,7 @@ def open_logs(plan, run_dir: Path, resume: ResumePoint) -> RunContext:
         totals = resume.totals(ctx.rank)
         ctx.tokens_used, ctx.completions = totals.get("completion_tokens", 0), totals.get("completions", 0)
         ctx.token_share = plan.budget["completion_token_ceiling"] // ctx.world
-        ctx.round = GenerationRound.of(plan.config["arm"], world=ctx.world)
+        ctx.round = plan.round
     return ctx
 
 
