@@ -67,32 +67,44 @@ def check_warm_start(plan: Plan) -> None:
     greedy answers that parse (format_valid) must reach budget.sft_warm_start_min_format. Below it, nearly every
     completion is invalid, gets the same reward, and GRPO's group advantages are zero: the run would spend its
     budget learning nothing."""
-    import json
-
-    from harness.errors import WarmStartError
-    from harness.eval import artifact_path
-
-    c, parent = plan.config, plan.parent
+    c = plan.config
     need = c["budget"].get("sft_warm_start_min_format", 0.0)
     if not need or not c["train"]["eval_after"]:  # the plan warned: no eval, nothing to check
         return
+    # rank 0 reads the warm start's eval (it wrote it); every rank gets its verdict and stops with it
+    verdict = _warm_start_verdict(plan, need) if dist.is_main() else None
+    if dist.is_multi():
+        verdict = dist.broadcast(verdict)
+    if verdict:
+        from harness.errors import WarmStartError
+
+        raise WarmStartError(verdict)
+
+
+def _warm_start_verdict(plan: Plan, need: float) -> str | None:
+    """check_warm_start's message, or None when the warm start writes the format often enough."""
+    import json
+
+    from harness.eval import artifact_path
+
+    c, parent = plan.config, plan.parent
     src = artifact_path(parent.run_dir, c["data"]["eval_split"], "final")
     try:
         ev = json.loads(Path(src).read_text())
     except (OSError, ValueError):
-        raise WarmStartError(f"WarmStartError: the SFT warm start {parent.run_dir} has no final eval ({src}) to check "
-                             "its answer format against budget.sft_warm_start_min_format\n"
-                             "    fix: run it with train.eval_after=true, or set budget.sft_warm_start_min_format=0") from None
+        return (f"WarmStartError: the SFT warm start {parent.run_dir} has no final eval ({src}) to check "
+                "its answer format against budget.sft_warm_start_min_format\n"
+                "    fix: run it with train.eval_after=true, or set budget.sft_warm_start_min_format=0")
     got = ev.get("format_valid", 0.0)
     log.info("the SFT warm start writes a well-formed answer on %.0f%% of %d %s views (at least %.0f%% needed)",
              100 * got, ev.get("n", 0), c["data"]["eval_split"], 100 * need)
     if got >= need:
-        return
+        return None
     b, pc = c["budget"], parent.budget
     sized = (f"budget.sft_warm_start_epochs={b['sft_warm_start_epochs']}" if b.get("sft_warm_start_epochs") else
              f"budget.sft_warm_start_steps={b['sft_warm_start_steps']}")
     passes = f" ({pc['epochs']} passes over {pc['train_rows']} training rows)" if pc.get("epochs") else ""
-    raise WarmStartError(
+    return (
         f"WarmStartError: the SFT warm start ({parent.run_name}) writes a well-formed <answer>...</answer> on only "
         f"{100 * got:.0f}% of the {ev.get('n', 0)} {c['data']['eval_split']} views it was evaluated on (at least "
         f"{100 * need:.0f}% needed: budget.sft_warm_start_min_format={need}). RL from it would score almost every "
