@@ -421,9 +421,31 @@ def _summary(plan: Plan, comp: dict) -> None:
     phases = comp.get("phases_s")
     if phases:
         reused = " (reused)" if before.get("reused_from") else ""
-        first = (comp.get("start_phases_s") or {}).get("first_step")
         lines.append("  phases (s): " + ", ".join(
             f"{k.replace('_', ' ')} {v:.1f}{reused if k == 'eval_before' else ''}" for k, v in phases.items())
-            + f"; total {sum(phases.values()):.1f}" + (f"; first step done at {first:.1f}" if first else ""))
+            + f"; total {sum(phases.values()):.1f}" + _first_step_text(comp.get("start_phases_s") or {}))
     for line in lines:
         log.info("%s", line)
+    for line in _no_signal_lines(plan, before, after):
+        log.warning("%s", line)
+
+
+def _first_step_text(marks: dict) -> str:
+    """'; first step done at 1.6 s after the run's own start (75.1 s counting its parent)': the report's time to
+    first step (harness.report.runs.own_first_step) and, when this process ran the parent first, the total."""
+    first, parent = marks.get("first_step"), marks.get("parent") or 0.0
+    if not isinstance(first, (int, float)):
+        return ""
+    own = f"; first step done at {max(0.0, first - parent):.1f} s after the run's own start"
+    return own + (f" ({first:.1f} s counting its parent)" if parent else "")
+
+
+def _no_signal_lines(plan: Plan, before: dict, after: dict) -> list[str]:
+    """A policy that abstains on every view of its final eval (harness.report.signal): what that means, and the fix."""
+    from harness.report.signal import abstains_everywhere, abstention_fix, abstention_text
+
+    if not abstains_everywhere(after):
+        return []
+    init = (" Its init (the eval before training) abstained on every view too." if plan.rl and
+            abstains_everywhere(before) else "")
+    return [f"NO SIGNAL: {abstention_text(after)}{init}", f"  {abstention_fix(plan.config, plan.rl)}"]

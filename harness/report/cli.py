@@ -18,6 +18,7 @@ from harness.report.budget import run_row, verdict
 from harness.report.compare import (Group, build_groups, data_key, describe_key, jsonable_fields, model_key, paired,
                                     resolve_baseline)
 from harness.report.runs import Run, budget_kind, discover, read_run, starts
+from harness.report.signal import group_signal
 from harness.rundir import atomic_write_bytes
 
 SOURCE_TEXT = {"sweep": "a sweep folder: the runs its jobs/<n>.json point at",
@@ -36,6 +37,29 @@ def teacher_of(r) -> dict:
     """What a distilled run (opd) learned from: its teacher's run (or directory), arm, digest and final eval."""
     t = r.identity["teacher"]
     return {k: t.get(k) for k in ("spec", "run_name", "arm", "path", "weights_sha256", "eval_accuracy", "eval_split")}
+
+
+def _parent_seconds(r: Run) -> float | None:
+    """Seconds the process that finished the run spent running its parent (SFT warm start, teacher) first; not in
+    its time to first step."""
+    v = ((r.completion or {}).get("start_phases_s") or {}).get("parent")
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def _parent_role(r: Run) -> str | None:
+    """What the run's parent is: its SFT warm start, its teacher, or both."""
+    roles = (["its SFT warm start"] if r.parent else []) + (["its teacher"] if (r.identity.get("teacher") or {})
+                                                             .get("run_name") else [])
+    return " and ".join(roles) or None
+
+
+def _plot_note(signal: dict) -> str | None:
+    """The eval plots' warning: the policy abstains on every view (the full text is in report.md)."""
+    for w in signal["warnings"]:
+        if w["kind"] == "abstains_everywhere":
+            return (f"No signal: {w['headline'].replace('`', '')}: its accuracy is only the share of MISSING views "
+                    "(where abstaining is right), 0 on the other relations. See report.md for the fix.")
+    return None
 
 
 def _no_runs(d: Path, why: str) -> ReportInputError:
@@ -87,7 +111,7 @@ def _budget_rows(g: Group, placed: dict[int, list[tuple[str, Run]]]) -> list[dic
     return rows
 
 
-def _group_json(g: Group, plots: dict, budget_rows: list[dict] | None = None) -> dict:
+def _group_json(g: Group, plots: dict, budget_rows: list[dict] | None = None, split: str | None = None) -> dict:
     budget_rows = budget_rows or []
     return {
         "index": g.index, "data": describe_key(g.data), "model": describe_key(g.model),
@@ -96,13 +120,15 @@ def _group_json(g: Group, plots: dict, budget_rows: list[dict] | None = None) ->
             "label": c.label, "arm": c.arm, "fields": jsonable_fields(c.fields), "warm_start": c.warm_start,
             "seeds": c.seeds, "budget_kind": budget_kind(c.runs[0]),
             "runs": [{"seed": r.seed, "run": r.name, "path": str(r.path), "starts": starts(r),
+                      "first_step_s": r.metrics.get("perf/first_step_s"),
+                      "parent_s": _parent_seconds(r), "parent_run": _parent_role(r),
                       **({"teacher": teacher_of(r)} if r.identity.get("teacher") else {})} for r in c.runs],
             "duplicates": [{"seed": r.seed, "run": r.name, "path": str(r.path)} for r in c.duplicates],
             "metrics": {k: v for k, v in c.summary.items() if k != "stopped_by"},
             "stopped_by": c.summary["stopped_by"],
         } for c in g.conditions],
         "baseline": g.baseline.label if g.baseline else None, "baseline_note": g.baseline_note,
-        "paired": g.paired, "plots": plots,
+        "paired": g.paired, "unpaired": g.unpaired, "plots": plots, "signal": group_signal(g, split),
         "budget_runs": budget_rows, "budget_bound": verdict(budget_rows),
     }
 
@@ -132,15 +158,16 @@ def build_report(directory: Path, baseline: str = "grpo", out: Path | None = Non
         resolve_baseline(g, baseline)
         g.paired = paired(g)
         sfx = f"-g{g.index}" if multi else ""
+        note = _plot_note(group_signal(g, split))
         drawn = {
             "reward_vs_tokens": P.reward_vs_tokens(g, out / f"reward_vs_tokens{sfx}.png"),
             "eval_accuracy_by_relation": P.eval_accuracy_by_relation(g, out / f"eval_accuracy_by_relation{sfx}.png",
-                                                                     split or "eval"),
+                                                                     split or "eval", note),
             "budget_use": P.budget_use(g, out / f"budget_use{sfx}.png"),
-            "accuracy_vs_tokens": P.accuracy_vs_tokens(g, out / f"accuracy_vs_tokens{sfx}.png", split or "eval"),
+            "accuracy_vs_tokens": P.accuracy_vs_tokens(g, out / f"accuracy_vs_tokens{sfx}.png", split or "eval", note),
             "diagnostics": P.diagnostics(g, out / f"diagnostics{sfx}.png"),
         }
-        groups_json.append(_group_json(g, drawn, _budget_rows(g, placed)))
+        groups_json.append(_group_json(g, drawn, _budget_rows(g, placed), split))
 
     _remove_stale_plots(out, {p["file"] for g in groups_json for p in g["plots"].values() if p.get("file")})
     identity_note = None

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from arms import registry
 from harness.report.metrics import EVAL_METRICS, PAIRED_METRICS, TRAIN_METRICS
-from harness.report.runs import PATH_KEYS, Run
+from harness.report.runs import PATH_KEYS, Run, budget_kind
 from harness.report.stats import mean_ci, paired_bootstrap
 
 ARM_ORDER = tuple(registry())  # the registry's order (arms.ORDER, then new arms by name)
@@ -94,6 +94,7 @@ class Group:
     baseline: Condition | None = None
     baseline_note: str = ""
     paired: list[dict] = field(default_factory=list)
+    unpaired: list[dict] = field(default_factory=list)  # conditions left out of the paired table, and why
 
 
 def _arm_rank(arm: str) -> tuple:
@@ -213,14 +214,32 @@ def resolve_baseline(group: Group, wanted: str) -> None:
                                f"no paired comparison. Pick one with `--baseline <arm or label>`.")
 
 
+def kind(cond: Condition) -> str:
+    """'loss' for an SFT-kind condition (a loss-token budget), 'sampled' for an RL one."""
+    return budget_kind(cond.runs[0])
+
+
 def paired(group: Group) -> list[dict]:
-    """For every non-baseline condition and metric: differences on the seeds both have, bootstrapped."""
+    """For every non-baseline condition and metric: differences on the seeds both have, bootstrapped. Against an RL
+    baseline, SFT-kind conditions (a warm start, an arm=sft run: trained on loss tokens, not sampled ones) are left
+    out and listed in group.unpaired: an RL run's difference to its own warm start is already its `change` column.
+    Naming an SFT condition as the baseline (--baseline sft) pairs every condition against it."""
     base = group.baseline
+    group.unpaired = []
     if base is None:
         return []
     rows = []
     for cond in group.conditions:
         if cond is base:
+            continue
+        if kind(cond) == "loss" and kind(base) == "sampled":
+            group.unpaired.append({
+                "condition": cond.label, "baseline": base.label, "reason": "sft_vs_rl_baseline",
+                "why": (f"an SFT condition ({'the warm start of the RL runs, ' if cond.warm_start else ''}trained on "
+                        f"loss tokens) is not paired against the RL baseline `{base.label}`: their budgets are not "
+                        "the same kind" + ("; each RL run's difference to its warm start is its `change` column"
+                                           if cond.warm_start else "")),
+                "fix": f"to compare against it, name it as the baseline: --baseline \"{cond.label}\""})
             continue
         for metric in PAIRED_METRICS:
             seeds, diffs = [], []

@@ -21,7 +21,7 @@ TRAIN_METRICS = [
     ("budget/fraction", "% of ceiling"),
     ("train/optimizer_steps", "optimizer steps"),
     ("perf/wall_time_s", "wall time (s)"),
-    ("perf/first_step_s", "first step at (s)"),
+    ("perf/first_step_s", "time to first step (s)"),  # from the run's own start: a parent run first is not counted
 ]
 PAIRED_METRICS = [k for k, _ in EVAL_METRICS if k != "eval/accuracy_before"] + ["train/reward_last10pct"]
 METRIC_TITLES = dict(EVAL_METRICS + TRAIN_METRICS)

@@ -1,8 +1,11 @@
 """The report's PNG plots: matplotlib with the Agg backend, 150 dpi, written atomically.
 
 One colour per arm everywhere (sft grey, grpo blue, papo orange, evi_po green, other arms from the
-tail of tab10); conditions of one arm get shades of it plus a line style (curves) or hatch (bars).
-Legends sit outside the axes so they never cover data.
+tail of tab10); conditions of one arm get shades of it, and bars a hatch. Every condition of a group also
+gets its own line style, marker and line width (the first drawn widest), so that curves which coincide stay
+visible: the later, thinner, dashed line runs inside the earlier one and their markers sit at different
+points. Identical series are said in the legend ("lines of grpo and papo coincide"); data values are never
+shifted. Legends sit outside the axes so they never cover data.
 """
 
 from __future__ import annotations
@@ -27,7 +30,9 @@ from harness.rundir import atomic_write_bytes  # noqa: E402
 DPI = 150
 ARM_COLORS = {name: spec.color for name, spec in registry().items() if spec.color}  # arms/<name>/__init__.py
 TAIL = ["tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:olive", "tab:cyan"]
-LINESTYLES = ["-", "--", "-.", ":"]
+LINESTYLES = ["-", (0, (5, 2)), (0, (3, 1.5, 1, 1.5)), (0, (1, 1.2)), (0, (7, 2, 1, 2, 1, 2)), (0, (2, 2))]
+MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*"]
+MARKS_PER_LINE = 8  # markers along a curve (at different points for each condition)
 HATCHES = ["", "//", "..", "xx", "\\\\", "++"]
 GRID_POINTS = 200
 
@@ -47,9 +52,61 @@ def styles(conditions: list[Condition]) -> dict[str, dict]:
         same = [c for c in conditions if c.arm == arm]
         shades = [0.0] if len(same) == 1 else np.linspace(-0.35, 0.45, len(same))
         for j, c in enumerate(same):
-            out[c.label] = {"color": _shade(base[arm], float(shades[j])), "linestyle": LINESTYLES[j % len(LINESTYLES)],
-                            "hatch": HATCHES[j % len(HATCHES)]}
+            out[c.label] = {"color": _shade(base[arm], float(shades[j])), "hatch": HATCHES[j % len(HATCHES)]}
+    # line style, marker, width: by the order curves are drawn (the RL conditions first: SFT draws no curve)
+    drawn = [c for c in conditions if c.rl] + [c for c in conditions if not c.rl]
+    for k, c in enumerate(drawn):
+        out[c.label].update(linestyle=LINESTYLES[k % len(LINESTYLES)], marker=MARKERS[k % len(MARKERS)],
+                            width=float(np.linspace(1.7, 1.0, len(drawn))[k]) if len(drawn) > 1 else 1.0,
+                            order=k, of=len(drawn))
     return out
+
+
+def _markevery(s: dict, points: int) -> tuple[int, int]:
+    """Markers at MARKS_PER_LINE points of a curve, each condition's at other points (coinciding curves show
+    every condition's markers)."""
+    step = max(1, points // MARKS_PER_LINE)
+    return (int(step * (s["order"] + 0.5) / max(s["of"], 1)) % step, step)
+
+
+def _and(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+class Drawn(tuple):
+    """The arrays `seed_band` drew (what `coinciding` compares) and its band's artist (None without a band)."""
+
+    band = None
+
+
+def one_band(same: list[list[str]], drawn: dict[str, Drawn]) -> None:
+    """Identical series share one band, in the first one's colour (two translucent bands on top of each other make
+    a third colour that no condition has)."""
+    for labels in same:
+        for label in labels[1:]:
+            if drawn[label].band is not None:
+                drawn[label].band.remove()
+
+
+def coinciding(series: dict[str, tuple]) -> list[list[str]]:
+    """Sets of labels whose drawn series (x, mean, band arrays as `seed_band` returns them) are identical."""
+    sets: list[list[str]] = []
+    for label, arrays in series.items():
+        for found in sets:
+            ref = series[found[0]]
+            if len(ref) == len(arrays) and all(
+                    a.shape == b.shape and np.allclose(a, b, rtol=1e-9, atol=1e-12, equal_nan=True)
+                    for a, b in zip(ref, arrays)):
+                found.append(label)
+                break
+        else:
+            sets.append([label])
+    return [s for s in sets if len(s) > 1]
+
+
+def coincide_text(sets: list[list[str]]) -> str:
+    """'lines of grpo and papo coincide (identical values)'."""
+    return "; ".join(f"lines of {_and(s)} coincide (identical values)" for s in sets)
 
 
 def _save(fig, path: Path) -> None:
@@ -74,22 +131,42 @@ def moving_average(y: np.ndarray, w: int) -> np.ndarray:
         return np.where(cnt > 0, (s[1:] - s[lo]) / np.maximum(cnt, 1), np.nan)
 
 
+def _line_kw(s: dict, lw: float, points: int | None, marks: bool = True) -> dict:
+    kw = {"color": s["color"], "linestyle": s["linestyle"], "lw": lw * s["width"], "zorder": 2 + 0.1 * s["order"]}
+    if marks and points:
+        kw.update(marker=s["marker"], markevery=_markevery(s, points), markersize=3.5 + 1.5 * s["width"],
+                  markerfacecolor="none", markeredgewidth=1.0)
+    return kw
+
+
+def legend_handle(s: dict, lw: float = 1.5, marks: bool = True):
+    """A legend entry drawn like the condition's curves (colour, style, width, marker)."""
+    kw = _line_kw(s, lw, None)
+    if marks:
+        kw.update(marker=s["marker"], markersize=3.5 + 1.5 * s["width"], markerfacecolor="none")
+    return plt.Line2D([], [], **kw)
+
+
 def seed_band(ax, curves: list[tuple[np.ndarray, np.ndarray]], s: dict, label: str, lw: float = 1.8,
-              legend: bool = True) -> None:
+              legend: bool = True, marks: bool = True) -> tuple:
     """Seeds' curves (x increasing) as their mean (line) and min–max (band) over the x range every seed covers,
-    linearly interpolated between each seed's own points; without a common range, each seed on its own."""
+    linearly interpolated between each seed's own points; without a common range, each seed on its own. Returns
+    the arrays drawn (for `coinciding`). `marks`: the condition's marker along the line."""
     lo, hi = max(x[0] for x, _ in curves), min(x[-1] for x, _ in curves)
     if lo < hi:
         grid = np.linspace(lo, hi, GRID_POINTS)
         ys = np.vstack([np.interp(grid, x, y) for x, y in curves])  # (seeds, grid)
-        ax.plot(grid, ys.mean(axis=0), color=s["color"], linestyle=s["linestyle"], lw=lw,
-                label=f"{label} (n={len(curves)})" if legend else None)
+        ax.plot(grid, ys.mean(axis=0), label=f"{label} (n={len(curves)})" if legend else None,
+                **_line_kw(s, lw, GRID_POINTS, marks))
+        out = Drawn((grid, ys.mean(axis=0), ys.min(axis=0), ys.max(axis=0)))
         if len(curves) > 1:
-            ax.fill_between(grid, ys.min(axis=0), ys.max(axis=0), color=s["color"], alpha=0.18, lw=0)
-        return
+            out.band = ax.fill_between(grid, ys.min(axis=0), ys.max(axis=0), color=s["color"], alpha=0.15, lw=0)
+        return out
     for k, (x, y) in enumerate(curves):
-        ax.plot(x, y, color=s["color"], linestyle=s["linestyle"], marker="o" if x.size == 1 else None,
-                lw=1.2, label=f"{label} (seed curves)" if k == 0 and legend else None)
+        kw = _line_kw(s, 1.2, None)
+        ax.plot(x, y, marker=s["marker"], markerfacecolor="none", label=f"{label} (seed curves)" if k == 0 and legend
+                else None, **kw)
+    return Drawn(a for x, y in curves for a in (x, y))
 
 
 # --- a. train reward vs sampled tokens
@@ -102,6 +179,7 @@ def reward_vs_tokens(group: Group, path: Path) -> dict:
     st = styles(group.conditions)
     fig, ax = plt.subplots(figsize=(8.5, 4.8))
     windows: dict[str, list[int]] = {}
+    drawn: dict[str, tuple] = {}
     for c in rl:
         curves = []
         for r in c.runs:
@@ -116,7 +194,9 @@ def reward_vs_tokens(group: Group, path: Path) -> dict:
                 curves.append((x[keep], ys[keep]))
                 windows.setdefault(c.label, []).append(w)
         if curves:
-            seed_band(ax, curves, st[c.label], c.label)
+            drawn[c.label] = seed_band(ax, curves, st[c.label], c.label)
+    same = coinciding(drawn)
+    one_band(same, drawn)
     ceilings = {r.metrics.get("budget/ceiling") for c in rl for r in c.runs}
     ceiling = ceilings.pop() if len(ceilings) == 1 else None
     right = max((float(np.sum(r.curve["tokens"])) for c in rl for r in c.runs if r.curve), default=0.0)
@@ -133,21 +213,30 @@ def reward_vs_tokens(group: Group, path: Path) -> dict:
     else:
         wtext = f"steps//20 steps ({', '.join(map(str, all_w))} by run)"
     ax.set_title("Train reward vs sampled tokens\n"
-                 f"moving average over {wtext}; line = mean over seeds, band = min–max over seeds", fontsize=10)
+                 f"moving average over {wtext}; line = mean over seeds, band = min–max over seeds\n"
+                 "(overlapping bands mix their colours)", fontsize=10)
     ax.set_xlabel("cumulative sampled completion tokens (tokens, all ranks)")
     ax.set_ylabel("mean train reward per completion (reward units)")
     ax.xaxis.set_major_formatter(FuncFormatter(_kilo))
     ax.set_xlim(left=0)
     ax.grid(alpha=0.3)
+    if same:  # one line would hide the other: say so in the legend
+        ax.plot([], [], " ", label="\n".join(f"lines of {_and(s)} coincide\n(identical values)" for s in same))
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     _save(fig, path)
-    return {"file": path.name, "windows": windows, "ceiling": ceiling}
+    return {"file": path.name, "windows": windows, "ceiling": ceiling, "coincide": same}
 
 
 # --- b. eval accuracy per relation
 
 
-def eval_accuracy_by_relation(group: Group, path: Path, split: str) -> dict:
+def _note(fig, note: str | None) -> None:
+    """A warning under the figure (the report's no-signal line), so that the PNG alone says it."""
+    if note:
+        fig.text(0.01, -0.01, note, ha="left", va="top", fontsize=8, color="darkred", wrap=True)
+
+
+def eval_accuracy_by_relation(group: Group, path: Path, split: str, note: str | None = None) -> dict:
     keys = ["eval/accuracy"] + [f"eval/{rel}/accuracy" for rel in RELATIONS]
     cats = ["overall", *RELATIONS]
     conds = [c for c in group.conditions if c.summary["eval/accuracy"]["n"] > 0]
@@ -166,6 +255,9 @@ def eval_accuracy_by_relation(group: Group, path: Path, split: str) -> dict:
         yerr = np.vstack([np.minimum(errs, np.nan_to_num(means)), np.minimum(errs, 1 - np.nan_to_num(means))])
         ax.bar(xs, means, width * 0.95, color=s["color"], hatch=s["hatch"], edgecolor=_shade(s["color"], -0.5),
                linewidth=0.6, label=f"{c.label} (n={c.summary['eval/accuracy']['n']})")
+        zero = np.nan_to_num(means, nan=1.0) == 0.0  # a bar of height 0 would not show: its colour as a line at 0
+        ax.hlines(np.zeros(int(zero.sum())), xs[zero] - width * 0.45, xs[zero] + width * 0.45, colors=[s["color"]],
+                  lw=3, zorder=2.5, clip_on=False)
         ax.errorbar(xs, means, yerr=yerr, fmt="none", ecolor="black", elinewidth=1, capsize=2.5)
         for x, k in zip(xs, keys):
             vals = [v["value"] for v in c.summary[k]["values"]]
@@ -177,13 +269,14 @@ def eval_accuracy_by_relation(group: Group, path: Path, split: str) -> dict:
     ax.set_xlabel("view relation")
     ax.set_ylabel(f"greedy accuracy on {split} (fraction of views)")
     ax.set_ylim(0, 1.05)
-    ax.set_title("Eval accuracy by relation\nbar = mean over seeds, error bar = 95% t interval (clipped to [0, 1]), "
-                 "dot = one seed", fontsize=10)
+    ax.set_title("Eval accuracy by relation\nbar = mean over seeds, error bar = 95% t interval (clipped to [0, 1]; "
+                 "none for 1 or 2 seeds), dot = one seed; a bar at 0 is a thick line on the axis", fontsize=10)
     ax.grid(axis="y", alpha=0.3)
     handles, labels = ax.get_legend_handles_labels()
     order = [i for i, lb in enumerate(labels) if lb != "one seed"] + [labels.index("one seed")]
     ax.legend([handles[i] for i in order], [labels[i] for i in order], loc="upper left",
               bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    _note(fig, note)
     _save(fig, path)
     return {"file": path.name}
 
@@ -221,8 +314,11 @@ def budget_use(group: Group, path: Path) -> dict:
     a1.invert_yaxis()
     for ax in (a1, a2):
         ax.grid(axis="x", alpha=0.3)
+    by_budget = any(c.summary.get("stopped_by", {}).get("budget") for c in rl)
     fig.suptitle("Budget use per RL condition: bar = mean over seeds\n"
-                 "(SFT trains on a loss-token budget and is not shown)", fontsize=10)
+                 + ("a run stopped by its budget ends below 100%: it stops before a step that could pass the "
+                    "ceiling\n" if by_budget else "")
+                 + "(SFT trains on a loss-token budget and is not shown)", fontsize=10)
     _save(fig, path)
     return {"file": path.name}
 
@@ -230,7 +326,7 @@ def budget_use(group: Group, path: Path) -> dict:
 # --- d. held-out accuracy vs sampled tokens (train.eval_steps)
 
 
-def accuracy_vs_tokens(group: Group, path: Path, split: str) -> dict:
+def accuracy_vs_tokens(group: Group, path: Path, split: str, note: str | None = None) -> dict:
     """Per RL condition, greedy held-out accuracy (overall and per relation) by the sampled tokens spent before
     it: eval before (0), the periodic evals, the final eval; mean over seeds, min–max band, each eval a dot."""
     rl = [c for c in group.conditions if c.rl and any(len(r.eval_curve) >= 2 for r in c.runs)]
@@ -241,10 +337,14 @@ def accuracy_vs_tokens(group: Group, path: Path, split: str) -> dict:
     fig, axes = plt.subplots(1, len(panels), sharey=True, figsize=(3.1 * len(panels) + 2.2, 3.9),
                              layout="constrained")
     inits, points = [], {}
+    drawn: dict[str, dict[str, tuple]] = {panel: {} for panel in panels}
+    handles = []
     for c in rl:
+        s = st[c.label]
         runs = [r for r in c.runs if len(r.eval_curve) >= 2]
         points[c.label] = max(len(r.eval_curve) for r in runs)
         inits += [r.eval_curve[0]["accuracy"] for r in runs if r.eval_curve[0]["label"] == "before"]
+        handles.append((legend_handle(s), f"{c.label} (n={len(runs)})"))
         for ax, panel in zip(axes, panels):
             curves = []
             for r in runs:
@@ -254,10 +354,14 @@ def accuracy_vs_tokens(group: Group, path: Path, split: str) -> dict:
                 if pts:
                     x, y = (np.array(v, dtype=float) for v in zip(*pts))
                     curves.append((x, y))
-                    ax.scatter(x, y, s=7, color=st[c.label]["color"], alpha=0.55, linewidths=0, zorder=3,
-                               clip_on=False)
+                    # each eval of each seed, with the condition's marker (hollow, larger for the earlier drawn)
+                    ax.scatter(x, y, s=(3.0 + 3.0 * s["width"]) ** 2, marker=s["marker"], facecolors="none",
+                               edgecolors=[s["color"]], linewidths=1.0, zorder=4 + 0.1 * s["order"], clip_on=False)
             if curves:
-                seed_band(ax, curves, st[c.label], c.label, legend=ax is axes[0])
+                drawn[panel][c.label] = seed_band(ax, curves, s, c.label, legend=False, marks=False)
+    same = {panel: coinciding(d) for panel, d in drawn.items()}
+    for panel, d in drawn.items():
+        one_band(same[panel], d)
     init = float(np.mean(inits)) if inits else None
     teachers = teacher_accuracies(rl, split)
     for ax, panel in zip(axes, panels):
@@ -274,16 +378,40 @@ def accuracy_vs_tokens(group: Group, path: Path, split: str) -> dict:
         ax.grid(alpha=0.3)
         ax.set_xlabel("sampled completion tokens")
     axes[0].set_ylabel(f"greedy accuracy on {split} (fraction of views)")
-    axes[-1].legend(*axes[0].get_legend_handles_labels(), loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8,
-                    frameon=False)
+    for ax, panel in zip(axes, panels):
+        if same[panel]:
+            ax.set_title(f"{panel}  [{'; '.join(' = '.join(x) for x in same[panel])}]", fontsize=9)
+    extra = list(zip(*axes[0].get_legend_handles_labels()))  # the init and teacher lines
+    notes = _coincide_note(same, panels)
+    if notes:
+        extra.append((plt.Line2D([], [], linestyle=" "), notes))
+    h, lb = zip(*(handles + extra))
+    axes[-1].legend(h, lb, loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8, frameon=False)
     most = max(points.values())
     how = "eval before, the periodic evals (train.eval_steps) and the final eval" if most > 2 else \
         "eval before and after only (train.eval_steps=N adds the points between)"
     fig.suptitle(f"Held-out accuracy vs sampled tokens: {how}\nline = mean over seeds (linear between a seed's "
-                 "evals), band = min–max over seeds, dot = one eval of one seed", fontsize=10)
+                 "evals), band = min–max over seeds, hollow marker = one eval of one seed", fontsize=10)
+    _note(fig, note)
     _save(fig, path)
     return {"file": path.name, "points_per_run": points, "init_accuracy": init,
+            "coincide": {panel: v for panel, v in same.items() if v},
             **({"teacher_accuracy": {k: v[0] for k, v in teachers.items()}} if teachers else {})}
+
+
+def _coincide_note(same: dict[str, list[list[str]]], panels: list[str]) -> str:
+    """The legend's note on identical series: 'lines of grpo and papo coincide (identical values)\nin every panel'
+    (or in which); one line per set of conditions."""
+    by_set: dict[tuple, list[str]] = {}
+    for panel in panels:
+        for labels in same.get(panel) or []:
+            by_set.setdefault(tuple(labels), []).append(panel)
+    out = []
+    for labels, where in by_set.items():
+        at = ("in every panel" if len(where) == len(panels) else
+              f"in the {len(where)} panels marked\n[{' = '.join(labels)}]")
+        out.append(f"lines of {_and(list(labels))} coincide\n(identical values) {at}:\ndrawn over each other")
+    return "\n".join(out)
 
 
 def teacher_accuracies(conditions: list[Condition], split: str) -> dict[str, tuple[float, int, list[str]]]:
@@ -327,7 +455,9 @@ def diagnostics(group: Group, path: Path) -> dict:
                              squeeze=False)
     st = styles(group.conditions)
     who: dict[str, list[str]] = {}
+    same: dict[str, list[list[str]]] = {}
     for ax, key in zip(axes.flat, panels):
+        drawn: dict[str, tuple] = {}
         for c in rl:
             curves = []
             for r in c.runs:
@@ -342,23 +472,33 @@ def diagnostics(group: Group, path: Path) -> dict:
                 y = moving_average(np.array([series[s] for s in steps]), max(1, len(steps) // 20))
                 curves.append((x, y))
             if curves:
-                seed_band(ax, curves, st[c.label], c.label, lw=1.3, legend=False)
+                drawn[c.label] = seed_band(ax, curves, st[c.label], c.label, lw=1.3, legend=False)
                 who.setdefault(key, []).append(c.label)
+        same[key] = coinciding(drawn)
+        one_band(same[key], drawn)
         note = "; ".join(PANEL_NOTES[key, arm] for arm in sorted({c.arm for c in rl}) if (key, arm) in PANEL_NOTES)
-        ax.set_title(key + ("" if key in SHARED_DIAGNOSTICS else "  (arm's own)") + (f"\n({note})" if note else ""),
-                     fontsize=9 if not note else 8)
+        equal = "; ".join(" = ".join(x) for x in same[key])
+        ax.set_title(key + ("" if key in SHARED_DIAGNOSTICS else "  (arm's own)") + (f"  [{equal}]" if equal else "")
+                     + (f"\n({note})" if note else ""), fontsize=9 if not note else 8)
         ax.xaxis.set_major_formatter(FuncFormatter(_kilo))
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(panels):]:
         ax.set_visible(False)
-    for ax in axes[-1]:
-        ax.set_xlabel("sampled completion tokens", fontsize=8)
-    handles = [plt.Line2D([], [], color=st[c.label]["color"], linestyle=st[c.label]["linestyle"], lw=1.5)
-               for c in rl]
-    fig.legend(handles, [f"{c.label} (n={len(c.runs)})" for c in rl], loc="outside right upper", fontsize=8,
-               frameon=False)
-    fig.suptitle("Training diagnostics (metrics.jsonl) vs sampled tokens: moving average over steps//20 steps, "
-                 "line = mean over seeds, band = min–max", fontsize=10)
+    for col in range(cols):  # the lowest panel of each column
+        shown = [axes[r, col] for r in range(rows) if r * cols + col < len(panels)]
+        if shown:
+            shown[-1].set_xlabel("sampled completion tokens", fontsize=8)
+    handles = [legend_handle(st[c.label], lw=1.3) for c in rl]
+    labels = [f"{c.label} (n={len(c.runs)})" for c in rl]
+    note = _coincide_note(same, [k for k in panels if len(who.get(k, [])) > 1])
+    if note:
+        handles.append(plt.Line2D([], [], linestyle=" "))
+        labels.append(note)
+    fig.legend(handles, labels, loc="outside right upper", fontsize=8, frameon=False)
+    fig.suptitle("Training diagnostics (metrics.jsonl) vs sampled tokens\nmoving average over steps//20 steps, "
+                 "line = mean over seeds, band = min–max over seeds (overlapping bands mix their colours)",
+                 fontsize=10)
     _save(fig, path)
-    return {"file": path.name, "panels": {k: who.get(k, []) for k in panels}}
+    return {"file": path.name, "panels": {k: who.get(k, []) for k in panels},
+            "coincide": {k: v for k, v in same.items() if v}}

@@ -33,14 +33,27 @@ def metric_range(key: str) -> tuple[float, float] | None:
     return None
 
 
-def cell(key: str, s: dict) -> str:
+#: footnote markers of the cells without an interval (one footnote per table, below it): seeds -> (marker, text)
+FEW_SEEDS = {
+    2: ("†", "two seeds: the mean only. A 95% t interval from two seeds (one degree of freedom) spans ±12.7 sd and "
+             "says nothing; 3 or more seeds give one."),
+    1: ("‡", "one seed: its value, no interval."),
+}
+
+
+def cell(key: str, s: dict, marks: set | None = None) -> str:
     """'mean ± half-width (n=k)'; where that interval leaves the metric's range, 'mean [low, high] (n=k, cut at
     the range)'; two seeds: the mean and no interval (a t interval with one degree of freedom is +-12.7 sd:
-    not informative); one seed: 'value (n=1)'; none: '–'."""
+    not informative); one seed: 'value (n=1)'; none: '–'. With `marks` (a set the caller turns into footnotes
+    below its table: `footnotes`), one and two seeds are the value and a marker (FEW_SEEDS), and the seed counts
+    used are added to `marks`."""
     if not s or not s.get("n"):
         return DASH
     signed = key == "eval/accuracy_change"
     mean = _num(key, s["mean"], signed)
+    if s["n"] in FEW_SEEDS and marks is not None:
+        marks.add(s["n"])
+        return mean + FEW_SEEDS[s["n"]][0]
     if s["n"] == 1:
         return f"{mean} (n=1)"
     if s["n"] == 2:
@@ -51,6 +64,11 @@ def cell(key: str, s: dict) -> str:
         return f"{mean} {cut} (n={s['n']}, t interval cut at the range)"
     hw = _num(key, s["half_width"]) if key != "budget/fraction" else f"{s['half_width'] * 100:.1f}%"
     return f"{mean} ± {hw} (n={s['n']})"
+
+
+def footnotes(marks: set) -> list[str]:
+    """The footnote lines (below a table) of the markers its cells used."""
+    return [""] + [f"{FEW_SEEDS[n][0]} {FEW_SEEDS[n][1]}" for n in sorted(marks, reverse=True)] if marks else []
 
 
 def _md_escape(text: str) -> str:
@@ -99,26 +117,34 @@ def _group(rep: dict, g: dict) -> list[str]:
     split = rep["eval_split"] or "eval"
     has_dir = any(c["metrics"]["eval/direction_accuracy"]["n"] for c in conds)
     eval_keys = [k for k, _ in EVAL_METRICS if k != "eval/direction_accuracy" or has_dir]
+    out += _signal(g)
     out += ["", f"{h} Eval accuracy (greedy, split `{split}`)", "",
             "Each cell: mean ± half-width of the 95% Student-t interval over seeds (n seeds); where it would leave "
-            "the metric's range ([0, 1] for accuracies) it is shown as [low, high] cut at the range; two seeds: "
-            "the mean only (a t interval with one degree of freedom spans ±12.7 sd: not informative); one seed: "
-            "its value. "
+            "the metric's range ([0, 1] for accuracies) it is shown as [low, high] cut at the range; one or two "
+            "seeds: the mean only, marked (footnote below the table). "
             "`change` = accuracy − accuracy before training (the init policy), per seed. Relation columns: "
             "accuracy on that relation's views; FULL abstention: fraction of FULL views answered with the "
             "abstention.", ""]
+    marks: set = set()
     out += _table(["condition"] + [METRIC_TITLES[k] for k in eval_keys],
-                  [[c["label"]] + [cell(k, c["metrics"][k]) for k in eval_keys] for c in conds])
+                  [[c["label"]] + [cell(k, c["metrics"][k], marks) for k in eval_keys] for c in conds])
+    out += footnotes(marks)
     out += ["", f"{h} Training and budget", "",
             "Train reward: mean reward of the completions of the last 10% of steps (trace rows; RL only). "
-            "Tokens: sampled completion tokens (ledger) for RL runs, loss tokens for SFT runs (budget kind column).", ""]
+            "Tokens: sampled completion tokens (ledger) for RL runs, loss tokens for SFT runs (budget kind column). "
+            "Time to first step: seconds from the start of the run's own stages (imports, data, model, eval before) "
+            "to its first optimizer step, in the process that finished the run; an SFT warm start (or teacher) "
+            "that process ran first is not counted (its seconds are listed per run under Conditions); the first run "
+            "of a process also pays the imports.", ""]
     rows = []
+    marks = set()
     for c in conds:
         stopped = ", ".join(f"{k} ×{v}" for k, v in c["stopped_by"].items()) or DASH
-        rows.append([c["label"], c["budget_kind"]] + [cell(k, c["metrics"][k]) for k, _ in TRAIN_METRICS[:5]]
-                    + [stopped] + [cell(k, c["metrics"][k]) for k in ("perf/wall_time_s", "perf/first_step_s")])
+        rows.append([c["label"], c["budget_kind"]] + [cell(k, c["metrics"][k], marks) for k, _ in TRAIN_METRICS[:5]]
+                    + [stopped] + [cell(k, c["metrics"][k], marks) for k in ("perf/wall_time_s", "perf/first_step_s")])
     out += _table(["condition", "budget kind"] + [t for _, t in TRAIN_METRICS[:5]]
-                  + ["stopped by", "wall time (s)", "first step at (s)"], rows)
+                  + ["stopped by", METRIC_TITLES["perf/wall_time_s"], METRIC_TITLES["perf/first_step_s"]], rows)
+    out += footnotes(marks)
     out += _budget_section(g, h)
     out += ["", f"{h} Paired comparison vs baseline", ""]
     if g["baseline"] is None:
@@ -140,14 +166,25 @@ def _group(rep: dict, g: dict) -> list[str]:
                   if p["low"] is not None else "no interval (1 paired seed)")
             rows.append([p["condition"], METRIC_TITLES[p["metric"]], _num(p["metric"], p["mean"], True), ci,
                          f"{p['n']} (seed{'s' if p['n'] > 1 else ''} {', '.join(map(str, p['seeds']))})"])
-        out += _table(["condition", "metric", "mean difference", "95% bootstrap interval", "paired seeds"], rows)
+        same = [c for s in (g.get("signal") or {}).get("indistinguishable") or [] if g["baseline"] in s["conditions"]
+                for c in s["conditions"] if c != g["baseline"]]
+        if same:
+            out += [f"{', '.join(f'`{c}`' for c in same)}: the same numbers as the baseline on every seed (No signal "
+                    "above): every difference is exactly 0.", ""]
+        if rows:
+            out += _table(["condition", "metric", "mean difference", "95% bootstrap interval", "paired seeds"], rows)
+        else:
+            out.append("No condition to pair against the baseline.")
+    for u in g.get("unpaired") or []:
+        out += ["", f"Not paired: `{u['condition']}`: {u['why']} ({u['fix']})."]
     out += ["", f"{h} Conditions", ""]
     for c in conds:
         fields = ", ".join(f"{k}={v}" for k, v in c["fields"].items())
         out.append(f"- **{c['label']}**: arm `{c['arm']}`" + (f"; differs in {fields}" if fields else "")
                    + ("; SFT warm start of RL runs in this report" if c["warm_start"] else ""))
         for r in c["runs"]:
-            out.append(f"  - seed {r['seed']}: `{r['run']}`{_starts(r.get('starts') or [])}{_teacher(r.get('teacher'))}")
+            out.append(f"  - seed {r['seed']}: `{r['run']}`{_starts(r.get('starts') or [])}{_teacher(r.get('teacher'))}"
+                       + _parent_note(r.get("parent_s"), r.get("parent_run")))
         for r in c["duplicates"]:
             out.append(f"  - seed {r['seed']} again: `{r['run']}` (a second run of this seed: listed, not averaged)")
     out += ["", f"{h} Plots", ""]
@@ -176,10 +213,29 @@ def _teacher(t: dict | None) -> str:
 
 
 def _starts(starts: list[dict]) -> str:
-    """'; 2 starts, first step at 14.9 s, 3.1 s' (each start's seconds to its first optimizer step)."""
-    firsts = [s.get("seconds", {}).get("first_step") for s in starts]
+    """'; 2 starts, first step at 14.9 s, 3.1 s' (each start's seconds from the run's own start to its first
+    optimizer step: a parent run first in the same process is not counted, as in the training table)."""
+    from harness.report.runs import own_first_step
+
+    firsts = [own_first_step(s.get("seconds") or {}) for s in starts]
     shown = ", ".join(f"{v:.1f} s" if isinstance(v, (int, float)) else "none" for v in firsts)
     return f"; {len(starts)} start{'s' if len(starts) != 1 else ''}, first step at {shown}" if starts else ""
+
+
+def _parent_note(parent_s: float | None, role: str | None = None) -> str:
+    """'; its process ran its SFT warm start first (73.5 s, not counted)': the seconds `_starts` leaves out."""
+    if not parent_s:
+        return ""
+    return f"; its process ran {role or 'its parent run'} first ({parent_s:.1f} s, not counted)"
+
+
+def _signal(g: dict) -> list[str]:
+    """The group's no-signal warnings (report.json group `signal`), first thing under its heading."""
+    out = []
+    for w in (g.get("signal") or {}).get("warnings") or []:
+        fix = f" {w['fix']}" if w.get("fix") else ""
+        out += ["", f"> **No signal: {w['headline']}.** {w['text']}{fix}"]
+    return out
 
 
 def _stopped_cell(r: dict) -> str:
@@ -272,7 +328,13 @@ def summary(rep: dict, md_path: str) -> str:
         lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
         if (g.get("budget_bound") or {}).get("rl_runs"):
             lines.append(g["budget_bound"]["verdict"])
-    lines.append("cells: mean ± half-width of the 95% t interval over seeds; paired comparisons and plots in report.md")
+        for w in (g.get("signal") or {}).get("warnings") or []:
+            lines.append(f"NO SIGNAL: {w['headline']}. {w['text']}")
+            if w.get("fix"):
+                lines.append(f"  {w['fix']}")
+    few = any(c["metrics"]["eval/accuracy"].get("n") in (1, 2) for g in rep["groups"] for c in g["conditions"])
+    lines.append("cells: mean ± half-width of the 95% t interval over seeds"
+                 + (" (1 or 2 seeds: the mean only)" if few else "") + "; paired comparisons and plots in report.md")
     if rep["counts"]["incomplete"]:
         lines.append(f"{rep['counts']['incomplete']} incomplete run(s) listed, not averaged")
     if rep["failed_jobs"]:

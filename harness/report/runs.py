@@ -380,10 +380,21 @@ def run_metrics(run: Run) -> dict[str, float | None]:
     m["budget/fraction"] = tokens / ceiling if tokens is not None and ceiling else None
     m["train/optimizer_steps"] = _get(c, "optimizer_steps")
     m["perf/wall_time_s"] = _get(c, "wall_time_s")
-    m["perf/first_step_s"] = _get(c, "start_phases_s", "first_step")  # the cold start of the process that finished
+    m["perf/first_step_s"] = own_first_step(c.get("start_phases_s"))  # the process that finished it, parent excluded
     if run.curve is not None and "realized_completion_tokens" in c and sum(run.curve["tokens"]) != tokens:
         run.notes.append(f"ledger tokens sum to {sum(run.curve['tokens'])}, completion.json says {int(tokens)}")
     return m
+
+
+def own_first_step(marks: dict | None) -> float | None:
+    """Seconds from the start of the run's own stages to its first optimizer step, in one process start: the start
+    phases count from the process's start on the plan, which includes the plan's parent (the SFT warm start, a
+    teacher) when that process ran it first (`parent`); that is taken off (the first run of a process still pays the
+    imports). None without a first step."""
+    first = _get(marks, "first_step")
+    if first is None:
+        return None
+    return max(0.0, first - (_get(marks, "parent") or 0.0))
 
 
 def starts(run: Run) -> list[dict]:

@@ -72,7 +72,8 @@ def test_report_over_the_output_root_is_torch_free_and_names_both_arms(sweep):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert heavy_imports(proc.stderr) == []
     md = (out / "report" / "report.md").read_text()
-    assert "| grpo |" in md and "sft (budget.max_steps=" in md and "(warm start)" in md
+    # the job's sft (one pass, 64 steps) and the warm start (as many passes as 60 steps need) told apart
+    assert "| grpo |" in md and "| sft (arm.epochs=1, budget.max_steps=64) |" in md and "(warm start)" in md
     pngs = sorted((out / "report").glob("*.png"))
     assert len(pngs) >= 2 and all(_png_ok(p) for p in pngs)
 
@@ -90,7 +91,10 @@ def test_report_over_the_sweep_folder_compares_its_jobs_only(sweep):
     accs = [json.loads((Path(r["path"]) / "eval" / "test.json").read_text())["accuracy"] for r in grpo["runs"]]
     assert grpo["metrics"]["eval/accuracy"]["mean"] == pytest.approx(sum(accs) / 2)
     assert grpo["metrics"]["eval/accuracy"]["n"] == 2 and grpo["metrics"]["budget/fraction"]["mean"] <= 1.0
-    pair = next(p for p in group["paired"] if p["condition"] == "sft" and p["metric"] == "eval/accuracy")
+    # an SFT condition is not paired against the RL baseline (budgets of another kind) unless it is the baseline
+    assert [u["condition"] for u in group["unpaired"]] == ["sft"] and group["paired"] == []
+    rep, _ = build_report(_sweep_dir(out), baseline="sft")
+    pair = next(p for p in rep["groups"][0]["paired"] if p["condition"] == "grpo" and p["metric"] == "eval/accuracy")
     assert pair["n"] == 2
 
 

@@ -437,7 +437,7 @@ def test_start_phases_per_run_and_time_to_first_step_per_condition(tmp_path):
     assert g["metrics"]["perf/first_step_s"]["mean"] == pytest.approx((3.25 + 12.0) / 2)
     assert [r["starts"][-1]["seconds"]["first_step"] for r in g["runs"]] == [3.25, 12.0]
     text = md.read_text()
-    assert "first step at (s)" in text
+    assert "time to first step (s)" in text
     assert "; 2 starts, first step at 14.9 s, 3.2 s" in text and "; 1 start, first step at 12.0 s" in text
 
 
