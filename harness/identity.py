@@ -83,25 +83,39 @@ def drop_paths(config: dict, paths: list[str]) -> dict:
     return out
 
 
-#: Fields added after runs existed whose null value is the behaviour those runs had: left out of both hashes while
-#: null, so every existing run keeps its identity and its run name (a run dir is found by it); set, they count.
-OMIT_WHEN_NULL = ("model.min_pixels", "model.max_pixels", "budget.sft_warm_start_max_length")
+#: Fields added after runs existed, with the value that is the behaviour those runs had: left out of both hashes
+#: while they hold it (or are absent), so every existing run keeps its identity and its run name (a run dir is found
+#: by it); any other value counts. arm.epochs: 1 is the one pass an sft run always trained (the warm start plans
+#: more only when its steps need them); reward.*: the built-in reward, called as before.
+OMIT_AT_DEFAULT = {
+    "model.min_pixels": None, "model.max_pixels": None, "budget.sft_warm_start_max_length": None,
+    "budget.sft_warm_start_epochs": None, "budget.sft_warm_start_min_format": 0.5, "arm.epochs": 1,
+    "reward._target_": "harness.rewards:answer_reward", "reward.convention": "trl", "reward.kwargs": {},
+    "reward.components": {}, "reward.success_threshold": 1.0,
+}
+_ABSENT = object()
+
+
+def at_old_default(path: str, value: Any) -> bool:
+    """Whether a config value of `path` is what runs before the field had (OMIT_AT_DEFAULT)."""
+    return path in OMIT_AT_DEFAULT and (value is _ABSENT or value == OMIT_AT_DEFAULT[path])
 
 
 def _null_paths(config: dict) -> list[str]:
+    """The OMIT_AT_DEFAULT paths of `config` at their old value (or absent)."""
     out = []
-    for path in OMIT_WHEN_NULL:
+    for path in OMIT_AT_DEFAULT:
         node: Any = config
         for part in path.split("."):
-            node = node.get(part, None) if isinstance(node, dict) else None
-        if node is None:
+            node = node.get(part, _ABSENT) if isinstance(node, dict) else _ABSENT
+        if at_old_default(path, node):
             out.append(path)
     return out
 
 
 def config_hashes(config: dict, non_semantic: list[str]) -> tuple[str, str]:
-    """(config_sha256, semantic_sha256) of a resolved config given as JSON (OMIT_WHEN_NULL fields left out while
-    null)."""
+    """(config_sha256, semantic_sha256) of a resolved config given as JSON (OMIT_AT_DEFAULT fields left out while
+    at their old value)."""
     config = drop_paths(config, _null_paths(config))
     return sha256_text(canonical_json(config)), sha256_text(canonical_json(drop_paths(config, non_semantic)))
 

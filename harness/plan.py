@@ -169,15 +169,18 @@ def sft_parent(cfg: Config, overrides: list[str], process_identity: dict | None 
     length = [f"arm.max_length={b.sft_warm_start_max_length}"] if b.sft_warm_start_max_length is not None else []
 
     def derived(steps: int, epochs: int | None) -> Plan:
+        passes = [] if epochs == 1 else [f"arm.epochs={'null' if epochs is None else epochs}"]  # 1: sft.yaml's
         return _derived_plan(overrides, _not_for_warm_start, WARM_START_SUFFIX,
-                             ["arm=sft", f"arm.epochs={'null' if epochs is None else epochs}", f"budget.max_steps={steps}",
-                              f"train.save_steps={steps}", *length], process_identity,
-                             whose="the SFT warm start of this run (arm.init=sft)", arm="sft",
+                             ["arm=sft", *passes, f"budget.max_steps={steps}", f"train.save_steps={steps}", *length],
+                             process_identity, whose="the SFT warm start of this run (arm.init=sft)", arm="sft",
                              other="or set arm.init=scratch or a policy path")
 
-    if b.sft_warm_start_epochs is None:  # sized in steps, over as many passes as they need
-        return derived(b.sft_warm_start_steps, None)
     rows = split_rows(cfg.data, cfg.data.train_split, cfg.model.patch_size)
+    if b.sft_warm_start_epochs is None:  # sized in steps, over as many passes as they need
+        one_pass = derived(b.sft_warm_start_steps, 1)
+        if rows is not None and b.sft_warm_start_steps * one_pass.config["arm"]["batch_size"] <= rows:
+            return one_pass  # one pass holds every step: the warm start it always was (its identity unchanged)
+        return derived(b.sft_warm_start_steps, None)
     if not rows:
         raise ConfigError([Problem("budget.sft_warm_start_epochs", b.sft_warm_start_epochs,
                                    f"the rows of the training split {cfg.data.train_split!r} cannot be read before the "

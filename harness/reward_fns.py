@@ -213,6 +213,10 @@ def reward_problems(reward: Mapping[str, Any]) -> list[Problem]:
         problems.append(Problem("reward.components", sorted(r.role for r in refs[1:]),
                                 f"a component is named like the main function {main.name!r}: the trace's components "
                                 "would collide", "rename the component"))
+    if main.builtin and reward.get("kwargs"):
+        problems.append(Problem("reward.kwargs", reward.get("kwargs"), "is passed to reward._target_, and the built-in "
+                                "reward takes none (its weights are reward.correct, format_weight, invalid_penalty)",
+                                "drop reward.kwargs, or set reward._target_ to your function"))
     if not main.builtin:
         weights = {k: reward.get(k) for k in ("correct", "format_weight", "invalid_penalty")}
         changed = {k: v for k, v in weights.items() if v != {"correct": 1.0, "format_weight": 0.0, "invalid_penalty": 0.5}[k]}

@@ -21,7 +21,7 @@ from typing import Any
 
 from harness.accounting.logs import METRICS_PATH
 from harness.eval import artifact_path, periodic_evals
-from harness.identity import OMIT_WHEN_NULL
+from harness.identity import at_old_default
 from harness.report.metrics import RELATIONS
 from harness.rundir import completion_kind
 
@@ -273,7 +273,7 @@ def read_run(path: Path) -> Run:
            or (completion or {}).get("arm") or "?")
     non_semantic = set((manifest.get("identity") or plan.get("identity") or {}).get("non_semantic_fields") or [])
     semantic = {k: v for k, v in flatten(config).items() if k != "seed" and k not in non_semantic
-                and not (v is None and k in OMIT_WHEN_NULL)}  # runs from before such a field stay one condition
+                and not at_old_default(k, v)}  # runs from before such a field stay one condition
     parent = ((completion or {}).get("parent") or manifest.get("parent") or {})
     split = (config.get("data") or {}).get("eval_split") or "test"
     run = Run(path=path, name=manifest.get("run_name") or path.name, manifest=manifest, completion=completion,

@@ -123,3 +123,23 @@ def test_the_warm_start_gate(plan_of, tmp_path):
     check_warm_start(plan)
     ev.write_text(json.dumps({"format_valid": 0.0, "n": 64}))
     check_warm_start(plan_of("debug=tiny", "budget.sft_warm_start_min_format=0"))
+
+
+def test_existing_runs_keep_their_names(plan_of):
+    """The fields added for your own task (reward.*, budget.sft_warm_start_epochs / min_format, arm.epochs) hold the
+    old behaviour by default and are then left out of both hashes (identity.OMIT_AT_DEFAULT): a run dir made before
+    them is found again by the same command. A warm start that one pass covers keeps arm.epochs=1 (the default job's
+    150 steps x 16 rows of 3,600); set otherwise, each field counts."""
+    from harness.identity import OMIT_AT_DEFAULT, config_hashes, drop_paths
+
+    for args in ((), ("debug=tiny",), ("arm=sft",)):
+        plan = plan_of(*args)
+        for p in (plan, plan.parent) if plan.parent else (plan,):
+            before = drop_paths(p.config, list(OMIT_AT_DEFAULT))  # the config as it was before the fields existed
+            assert config_hashes(before, p.identity["non_semantic_fields"]) == (
+                p.identity["config_sha256"], p.identity["semantic_sha256"]), args
+    assert plan_of().parent.config["arm"]["epochs"] == 1
+    base = plan_of().identity["semantic_sha256"]
+    for extra in ("reward.success_threshold=0.5", "budget.sft_warm_start_epochs=2"):
+        assert plan_of(extra).identity["semantic_sha256"] != base, extra
+    assert plan_of("arm=sft", "arm.epochs=2").identity["semantic_sha256"] != plan_of("arm=sft").identity["semantic_sha256"]

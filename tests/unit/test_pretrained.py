@@ -195,7 +195,7 @@ def test_the_hub_cache_snapshot_is_the_one_refs_main_names(tmp_path, monkeypatch
 
 def test_the_new_fields_at_null_keep_every_existing_run_name(plan_of):
     """model.min_pixels / max_pixels and budget.sft_warm_start_max_length came after runs existed: at null they are
-    left out of both hashes (identity.OMIT_WHEN_NULL), so a run planned before them is found again; set, they count."""
+    left out of both hashes (identity.OMIT_AT_DEFAULT), so a run planned before them is found again; set, they count."""
     from harness.identity import config_hashes, drop_paths
 
     plan = plan_of()

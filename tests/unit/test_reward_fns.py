@@ -235,3 +235,9 @@ def test_eval_refuses_a_reward_edited_since_the_run(reward_file):
     with pytest.raises(ResumeMismatchError, match="reward file"):
         check_sources(cfg, recorded, "RUN")
 
+
+
+def test_kwargs_for_the_builtin_reward_are_refused():
+    """The built-in reward is called without reward.kwargs: accepting them would change nothing, silently."""
+    (p,) = reward_problems(_reward(kwargs={"tolerance": 0.5}))
+    assert p.field == "reward.kwargs" and "built-in" in p.why
