@@ -146,6 +146,16 @@ def _group(rep: dict, g: dict) -> list[str]:
                   + ["stopped by", METRIC_TITLES["perf/wall_time_s"], METRIC_TITLES["perf/first_step_s"]], rows)
     out += footnotes(marks)
     out += _budget_section(g, h)
+    out += _paired_section(g, h)
+    for u in g.get("unpaired") or []:
+        out += ["", f"Not paired: `{u['condition']}`: {u['why']} ({u['fix']})."]
+    out += _conditions_and_plots(g, h)
+    return out
+
+
+def _paired_section(g: dict, h: str) -> list[str]:
+    """The paired comparison of every condition against the group's baseline (its rows from report.json)."""
+    out: list[str] = []
     out += ["", f"{h} Paired comparison vs baseline", ""]
     if g["baseline"] is None:
         out.append(g["baseline_note"])
@@ -175,8 +185,13 @@ def _group(rep: dict, g: dict) -> list[str]:
             out += _table(["condition", "metric", "mean difference", "95% bootstrap interval", "paired seeds"], rows)
         else:
             out.append("No condition to pair against the baseline.")
-    for u in g.get("unpaired") or []:
-        out += ["", f"Not paired: `{u['condition']}`: {u['why']} ({u['fix']})."]
+    return out
+
+
+def _conditions_and_plots(g: dict, h: str) -> list[str]:
+    """Each condition's runs (seeds, starts, teacher, parent) and the group's plots."""
+    conds = g["conditions"]
+    out: list[str] = []
     out += ["", f"{h} Conditions", ""]
     for c in conds:
         fields = ", ".join(f"{k}={v}" for k, v in c["fields"].items())
