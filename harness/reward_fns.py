@@ -316,29 +316,15 @@ def load(ref: FnRef) -> Callable:
     return fn
 
 
-def _values(ref: FnRef, result: Any, n: int, keys: Sequence[str]) -> list[float]:
-    """The call's result as n finite floats, or a RewardFunctionError naming the function and the completion."""
-    def bad(why: str, fix: str) -> RewardFunctionError:
-        return RewardFunctionError(f"RewardFunctionError: {ref.field}={ref.target} {why}\n    fix: {fix}")
-
-    if hasattr(result, "tolist") and not isinstance(result, (list, tuple)):  # a numpy array or a tensor
-        result = result.tolist()
-    if not isinstance(result, (list, tuple)):
-        raise bad(f"returned {type(result).__name__}, not a list of floats", f"return one float per completion ({n})")
-    if len(result) != n:
-        raise bad(f"returned {len(result)} rewards for {n} completions",
-                  "return one float per completion, in the order of `completions`")
-    out = []
-    for i, v in enumerate(result):
-        if isinstance(v, bool) or not isinstance(v, (int, float)) and not hasattr(v, "__float__"):
-            raise bad(f"returned {v!r} ({type(v).__name__}) for completion {i} of the call (view {keys[i]})",
-                      "return a number for every completion (None, strings and lists are not rewards)")
-        x = float(v)
+def _finite(ref: FnRef, values: list[float], keys: Sequence[str]) -> list[float]:
+    """The adapter's floats (harness.reward_conventions checked one number per completion), refused when one is NaN or
+    inf, naming the function and the completion."""
+    for i, x in enumerate(values):
         if not math.isfinite(x):
-            raise bad(f"returned {x} for completion {i} of the call (view {keys[i]})",
-                      "return finite rewards: a NaN or inf would poison the group's advantages")
-        out.append(x)
-    return out
+            raise RewardFunctionError(
+                f"RewardFunctionError: {ref.field}={ref.target} returned {x} for completion {i} of the call (view "
+                f"{keys[i]})\n    fix: return finite rewards: a NaN or inf would poison the group's advantages")
+    return values
 
 
 class Rewards:
@@ -395,8 +381,6 @@ class Rewards:
         try:
             result = self._fns[i](prompts=prompts, completions=completions, completion_ids=completion_ids,
                                   trainer_state=trainer_state, **columns, **ref.kwargs)
-        except RewardFunctionError:
-            raise
         except RewardResultError as exc:  # the convention's reading of the result failed: no traceback of ours
             said = str(exc).removeprefix(f"reward function {ref.label} ({ref.convention} convention) ")
             raise RewardFunctionError(f"RewardFunctionError: {ref.field}={ref.target} ({ref.convention} convention) "
@@ -409,7 +393,7 @@ class Rewards:
                 "    fix: when the failure was passing (a service, a file), the same command resumes the run from its last "
                 "checkpoint; an edited reward file is another reward: the resume is then refused, and the edited reward "
                 "trains as a new run (move the run dir aside or set another output_root)") from None
-        return _values(ref, result, n, keys)
+        return _finite(ref, result, keys)
 
     def score(self, prompts, completions, completion_ids, records: Sequence[Mapping[str, Any]],
               truncated: Sequence[bool], trainer_state=None) -> list:
@@ -439,6 +423,11 @@ class Rewards:
             correct = t.correct if self.main.builtin else m >= self.threshold
             out.append(replace(t, components=c, total=sum(c.values()), correct=correct))
         return out
+
+
+def source_digests(reward: Mapping[str, Any]) -> dict[str, str]:
+    """{<role>_source_sha256: digest} of the reward's functions' source files (identity.reward's compared part)."""
+    return {k: v for k, v in reward_identity(reward).items() if k.endswith("_source_sha256")}
 
 
 def check_sources(reward: Mapping[str, Any], recorded: Mapping[str, Any] | None, run_dir: str) -> None:

@@ -81,13 +81,12 @@ def plan_rewards(plan):
     """The plan's reward functions, loaded once per process (eval before, training, periodic and final eval)."""
     from harness.reward_fns import Rewards
 
-    cached = _REWARDS.get(id(plan))
-    if cached is None or cached[0] is not plan:
-        cached = _REWARDS[id(plan)] = (plan, Rewards(plan.config["reward"], data_source=plan.config["data"]["name"]))
-    return cached[1]
+    if _REWARDS[0] is not plan:  # one slot: a sweep's next job in this process replaces the previous one's
+        _REWARDS[:] = [plan, Rewards(plan.config["reward"], data_source=plan.config["data"]["name"])]
+    return _REWARDS[1]
 
 
-_REWARDS: dict = {}
+_REWARDS: list = [None, None]  # [the plan, its loaded Rewards]
 
 
 def periodic_eval(plan, run_dir: Path, data, policy: Policy, ctx: RunContext):
@@ -114,9 +113,9 @@ def eval_settings(plan, data, policy_sha256: str | None) -> dict:
 
 
 def reward_sources(reward: dict) -> dict:
-    from harness.reward_fns import reward_identity
+    from harness.reward_fns import source_digests
 
-    return {k: v for k, v in reward_identity(reward).items() if k.endswith("sha256")}
+    return source_digests(reward)
 
 
 def eval_before(plan, run_dir: Path, data, policy: Policy, resume: ResumePoint) -> dict:
