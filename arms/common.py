@@ -87,41 +87,41 @@ LOGGER_ENV = ("TENSORBOARD_LOGGING_DIR", "WANDB_MODE", "WANDB_PROJECT", "WANDB_D
 
 def training_kwargs(ctx: BuildContext) -> dict:
     """TrainingArguments fields shared by every arm, straight from the plan."""
-    c = ctx.plan.config
-    a, t, lg = c["arm"], c["train"], c["logger"]
-    report_to = [name for name, on in (("tensorboard", lg["tensorboard"]), ("wandb", lg["wandb"])) if on]
-    if lg["tensorboard"]:  # transformers 5 takes the directory from the environment
+    c = ctx.plan.cfg
+    a, t, lg = c.arm, c.train, c.logger
+    report_to = [name for name, on in (("tensorboard", lg.tensorboard), ("wandb", lg.wandb)) if on]
+    if lg.tensorboard:  # transformers 5 takes the directory from the environment
         os.environ["TENSORBOARD_LOGGING_DIR"] = str(ctx.run_dir / "tensorboard")
-    if lg["wandb"]:
-        os.environ["WANDB_MODE"] = lg["wandb_mode"]  # the run's config, not a previous job's (multirun)
-        os.environ["WANDB_PROJECT"] = lg["wandb_project"]
+    if lg.wandb:
+        os.environ["WANDB_MODE"] = lg.wandb_mode  # the run's config, not a previous job's (multirun)
+        os.environ["WANDB_PROJECT"] = lg.wandb_project
         os.environ["WANDB_DIR"] = str(ctx.run_dir)
     on_gpu = ctx.device.startswith("cuda")
     return dict(
         output_dir=str(ctx.output_dir),
-        learning_rate=a["learning_rate"],
-        lr_scheduler_type=a["lr_scheduler_type"],
-        warmup_steps=a["warmup_ratio"],  # a float in [0, 1) is a ratio of the planned steps
-        weight_decay=a["weight_decay"],
-        max_grad_norm=a["max_grad_norm"],
-        gradient_checkpointing=c["model"]["gradient_checkpointing"],  # TRL's configs default it to True
-        gradient_accumulation_steps=a["gradient_accumulation_steps"],
-        max_steps=c["budget"]["max_steps"],
-        logging_steps=t["logging_steps"],
+        learning_rate=a.learning_rate,
+        lr_scheduler_type=a.lr_scheduler_type.value,
+        warmup_steps=a.warmup_ratio,  # a float in [0, 1) is a ratio of the planned steps
+        weight_decay=a.weight_decay,
+        max_grad_norm=a.max_grad_norm,
+        gradient_checkpointing=c.model.gradient_checkpointing,  # TRL's configs default it to True
+        gradient_accumulation_steps=a.gradient_accumulation_steps,
+        max_steps=c.budget.max_steps,
+        logging_steps=t.logging_steps,
         save_strategy="steps",
-        save_steps=t["save_steps"],
+        save_steps=t.save_steps,
         save_total_limit=None,  # retention is the harness's (latest K complete + permanent)
-        seed=c["seed"],
-        data_seed=c["seed"],
+        seed=c.seed,
+        data_seed=c.seed,
         use_cpu=not on_gpu,
         # Ranks may run different numbers of forwards through the DDP model in a step (evi_po's direction
         # term runs only where a view's owner row is): with buffer broadcasts per forward, the ranks'
         # collectives would no longer pair up and the job hangs (measured). The buffers here are constants.
         ddp_broadcast_buffers=False,
-        bf16=on_gpu and c["model"]["dtype"] == "bfloat16",  # on CPU: no bf16 autocast (~50% slower, docs/platform.md)
+        bf16=on_gpu and c.model.dtype == "bfloat16",  # on CPU: no bf16 autocast (~50% slower, docs/platform.md)
         fp16=False,
         report_to=report_to,
-        dataloader_num_workers=c["data"]["num_workers"],
+        dataloader_num_workers=c.data.num_workers,
         remove_unused_columns=False,  # the reward function reads the record columns
         disable_tqdm=False,
     )

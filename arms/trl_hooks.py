@@ -24,6 +24,15 @@ import torch
 from trl import GRPOTrainer
 
 
+def loss_mask(inputs: dict):
+    """The tokens TRL's losses count (GRPO's and the distillation trainer's): (completion_mask, times tool_mask when
+    present: a tool call's output tokens are masked out), float. (B, T)"""
+    mask = inputs["completion_mask"]
+    if "tool_mask" in inputs:
+        mask = mask * inputs["tool_mask"]
+    return mask.float()
+
+
 def row_images(example: dict) -> list:
     """The PIL images of one dataset example, as TRL reads them (`images` list or a single `image`)."""
     if example.get("images"):
@@ -185,10 +194,7 @@ class ExtraTermsGRPOTrainer(GRPOTrainer):
     @staticmethod
     def loss_mask(inputs: dict):
         """TRL's loss mask (completion_mask, times tool_mask when present), float. (B, T)"""
-        mask = inputs["completion_mask"]
-        if "tool_mask" in inputs:
-            mask = mask * inputs["tool_mask"]
-        return mask.float()
+        return loss_mask(inputs)
 
     # -- normalization: the extra terms scale like TRL's loss
 

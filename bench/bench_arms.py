@@ -34,8 +34,8 @@ def _setup(arm: str, overrides: list[str], root: str):
     from harness.lifecycle import run_parent
 
     plan = compose_plan([f"arm={arm}", f"output_root={root}", *overrides])
-    d = plan.config["data"]
-    data = ensure_synthetic(**synthetic_args(d, plan.config["model"]["patch_size"]), cache_dir=d["cache_dir"])
+    d = plan.cfg.data
+    data = ensure_synthetic(**synthetic_args(d, plan.cfg.model.patch_size), cache_dir=d.cache_dir)
     parent = plan.parent
     run_parent(parent)
     return plan, data, load_split(data, d["train_split"]), Path(parent.run_dir) / "final_policy"
@@ -54,7 +54,7 @@ def _trial(arm: str, plan, data: Path, rows: list[dict], init: Path, steps: int,
     from harness.policy import eos_token_ids, load_policy
     from harness.accounting.ledger import HarnessReward
     from harness.accounting.ledger import provenance_of
-    from harness.stages.train import plan_rewards
+    from harness.eval.during import plan_rewards
     from harness.stages.resume import ResumePoint
     from harness.stages.train import open_logs
     from harness.trainsets import rl_dataset

@@ -118,17 +118,17 @@ def bare_job(job: dict, scratch: Path) -> dict:
     from harness.trainsets import rl_dataset
 
     plan = compose_plan(job["overrides"])
-    c, device = plan.config, device_of(plan)
-    if c["arm"]["name"] != "grpo" or c["arm"]["init"] != "scratch":
+    cfg, device = plan.cfg, device_of(plan)
+    if cfg.arm.name != "grpo" or cfg.arm.init != "scratch":
         raise ValueError("the bare trial is a GRPOTrainer from the base checkpoint: arm=grpo arm.init=scratch")
     out_dir = scratch / job["name"]
     shutil.rmtree(out_dir, ignore_errors=True)
     t0 = time.perf_counter()
     base_path, _ = build_base(plan, [])
-    model, processor = load_policy(base_path, base_path=base_path, model_cfg=c["model"])
+    model, processor = load_policy(base_path, base_path=base_path, model_cfg=cfg.model)
     model = apply_tuning(model, plan).to(device)
-    root = dataset_root(c, plan.identity["data"])
-    dataset = rl_dataset(root, load_split(root, c["data"]["train_split"]), is_vlm=c["model"]["is_vlm"])
+    root = dataset_root(cfg, plan.identity["data"])
+    dataset = rl_dataset(root, load_split(root, cfg.data.train_split), is_vlm=cfg.model.is_vlm)
     tokens: list[int] = []
     reward = common.bare_reward(plan, eos_token_ids(processor, model), tokens)
     ctx = BuildContext(plan=plan, run_dir=out_dir, model=model, processor=processor, train_dataset=dataset,
@@ -149,10 +149,10 @@ def bare_job(job: dict, scratch: Path) -> dict:
     step_times = [round(r["step_time"], 3) for r in trainer.state.log_history if "step_time" in r]
     n_steps = trainer.state.global_step
     del trainer, model
-    per = c["arm"]["prompts_per_step"] * c["arm"]["num_generations"]  # completions per optimizer step
+    per = cfg.arm.prompts_per_step * cfg.arm.num_generations  # completions per optimizer step
     step_tokens = [sum(tokens[i * per:(i + 1) * per]) for i in range(n_steps)]
     wall = timed_figures()
-    return {"ok": n_steps == c["budget"]["max_steps"], "optimizer_steps": n_steps, "wall_s": round(time.perf_counter()
+    return {"ok": n_steps == cfg.budget.max_steps, "optimizer_steps": n_steps, "wall_s": round(time.perf_counter()
             - t0, 2), "train_s": round(train_s, 2), "step_time_s": step_times,
             "step_s": figs.median_after_first(step_times), "sampled_tokens": sum(tokens), "completion_tokens": tokens,
             "step_tokens": step_tokens, "wall_tokens_per_s": figs.tokens_per_s(step_tokens, wall["wall_step_s"]),

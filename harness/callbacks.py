@@ -47,11 +47,6 @@ class RunContext:
     eval_s: float = 0.0  # seconds of periodic evals in this process (not training time)
     trace_pending: int = 0  # trace rows sampled but held for their loss's fields (HarnessReward.hold_trace)
 
-    @property
-    def rl(self) -> bool:
-        """The run samples completions (the plan's kind): budget stop, ledger, token progress."""
-        return self.plan.rl
-
     def frontier(self) -> dict:
         if self.trace_pending:  # a checkpoint would bind a trace without them: they would be lost on resume
             raise RuntimeError(f"{self.trace_pending} trace rows of this round are still held for their loss's "
@@ -67,15 +62,8 @@ class RunContext:
 
 
 def _all_ranks_continue(ok: bool) -> bool:
-    """All-reduce MIN of a continue flag, so every rank stops at the same step."""
-    import torch
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()):
-        return ok
-    t = torch.tensor([1 if ok else 0], dtype=torch.int64)
-    dist.all_reduce(t, op=dist.ReduceOp.MIN)
-    return bool(t.item())
+    """A continue flag every rank agrees on (all must continue), so every rank stops at the same step."""
+    return bool(dist.all_reduce_int(1 if ok else 0, "min"))
 
 
 class BudgetCallback(TrainerCallback):
@@ -86,7 +74,7 @@ class BudgetCallback(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         c = self.ctx
-        if not c.rl:
+        if c.round is None:  # the run samples nothing (its kind opened no generation round): no token budget
             return control
         # The successor (index state.global_step) samples only if it opens a new generation round; its worst
         # case is then the round's bound on this rank (every completion at max_completion_length).
@@ -103,14 +91,7 @@ class BudgetCallback(TrainerCallback):
 
 def _agreed_signal(signum: int) -> int:
     """The signal any rank received (its number; 0 for none): every rank stops after the same step."""
-    import torch
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()):
-        return signum
-    t = torch.tensor([signum], dtype=torch.int64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return int(t.item())
+    return dist.all_reduce_int(signum, "max")
 
 
 class HaltCallback(TrainerCallback):
@@ -265,7 +246,7 @@ class PeriodicEvalCallback(TrainerCallback):
             return control
         result, preds = self.pending
         self.pending = None
-        result.update(step=step, checkpoint=f"checkpoint-{step}", completion_tokens=tokens if self.ctx.rl else 0,
+        result.update(step=step, checkpoint=f"checkpoint-{step}", completion_tokens=tokens,
                       policy_sha256=weights_digest_of_files(Path(args.output_dir) / f"checkpoint-{step}"))
         self.write(result, preds)
         self.log(eval_logs(result))  # TensorBoard, W&B, and metrics.jsonl when no row was logged at this step
@@ -334,18 +315,15 @@ class WatchdogCallback(TrainerCallback):
 
 
 def console_line(step: int, max_steps: int, logs: dict, ctx: RunContext) -> str:
-    # RL arms are budget-bound: max_steps is only a cap, so the token share below is the progress that counts
-    parts = [f"step {step}" if ctx.rl else f"step {step}/{max_steps}"]
+    kind = ctx.plan.kind
+    parts = [kind.console_step(step, max_steps)]
     for key, label in (("reward", "reward"), ("loss", "loss"), ("mean_token_accuracy", "tok-acc"),
                        ("eval_accuracy", "eval acc")):
         if key in logs:
             parts.append(f"{label} {logs[key]:.3f}")
-    if ctx.rl:
-        budget = ctx.plan.budget["completion_token_ceiling"]
-        used = ctx.tokens_used * ctx.world  # approximate across ranks for display; the ledgers are exact
-        parts.append(f"tokens {used}/{budget} ({100 * used / budget:.0f}%)")
-    elif ctx.loss_tokens:
-        parts.append(f"{ctx.loss_tokens} loss tokens planned (cap {ctx.plan.budget['loss_token_ceiling']})")
+    budget = kind.console_budget(ctx)
+    if budget:
+        parts.append(budget)
     if ctx.step_clock is not None:  # training only: not the data, model build or eval before, nor earlier starts
         t0, first = ctx.step_clock
         parts.append(f"{(time.time() - t0 - ctx.eval_s) / max(step - first, 1):.2f} s/step")
@@ -376,8 +354,7 @@ class MetricsCallback(TrainerCallback):
             logs.update(pending[1])
             self.ctx.pending_eval = None
         row = {"step": state.global_step, **{k: v for k, v in logs.items() if isinstance(v, (int, float))}}
-        if self.ctx.rl:
-            row["budget/tokens_used_rank0"] = self.ctx.tokens_used
+        row.update(self.ctx.plan.kind.metrics_fields(self.ctx))
         if self.ctx.nonfinite_steps:
             row["nonfinite_steps"] = self.ctx.nonfinite_steps
         if self.ctx.metrics is not None:
@@ -414,29 +391,30 @@ class QuietProgressCallback(ProgressCallback):
         super().__init__()
         self.ctx = ctx
 
-    def _rl(self) -> bool:
-        return self.ctx is not None and self.ctx.rl
-
-    def _tokens(self) -> int:
-        return self.ctx.tokens_used * self.ctx.world  # approximate across ranks for display; the ledgers are exact
+    def _tokens(self) -> tuple[int, int] | None:
+        """(sampled tokens so far, the ceiling) when the run's kind counts its progress in tokens; None: steps.
+        Approximate across ranks for display; the ledgers are exact."""
+        return None if self.ctx is None else self.ctx.plan.kind.token_progress(self.ctx)
 
     def on_train_begin(self, args, state, control, **kwargs):
-        if not self._rl():
+        tokens = self._tokens()
+        if tokens is None:
             return super().on_train_begin(args, state, control, **kwargs)
         if state.is_world_process_zero:
             from tqdm.auto import tqdm
 
-            self.training_bar = tqdm(total=self.ctx.plan.budget["completion_token_ceiling"], initial=self._tokens(),
-                                     unit="tok", desc="sampled tokens", dynamic_ncols=True)
-        self.current_step = self._tokens()
+            self.training_bar = tqdm(total=tokens[1], initial=tokens[0], unit="tok", desc="sampled tokens",
+                                     dynamic_ncols=True)
+        self.current_step = tokens[0]
 
     def on_step_end(self, args, state, control, **kwargs):
-        if not self._rl():
+        tokens = self._tokens()
+        if tokens is None:
             return super().on_step_end(args, state, control, **kwargs)
         if state.is_world_process_zero and self.training_bar is not None:
-            self.training_bar.update(self._tokens() - self.current_step)
+            self.training_bar.update(tokens[0] - self.current_step)
             self.training_bar.set_postfix_str(f"step {state.global_step}", refresh=False)
-            self.current_step = self._tokens()
+            self.current_step = tokens[0]
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         return control
@@ -466,7 +444,7 @@ class CheckpointCallback(TrainerCallback):
         # the run's final checkpoint (permanent): training ends here, by the budget, max_steps or TRL's own
         # stop; a planned stop (a signal, a pause) before that end is a resumable checkpoint like the others
         final = training_ends_here(self.ctx, state, control)
-        every = self.ctx.plan.config["train"]["eval_steps"]
+        every = self.ctx.plan.cfg.train.eval_steps
         kept = "eval" if not final and every and step % every == 0 else None  # a periodic eval's (not rotated)
         # counters of this rank's work add up over ranks; a TRL counter that TRL itself gathers over ranks
         # ("trl_" prefix) is the same on every rank: rank 0's value, not a sum

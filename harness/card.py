@@ -54,24 +54,24 @@ def provisional_card(plan) -> str:
 
 
 def _front_matter(plan, policy: dict) -> str:
-    m = plan.config["model"]
+    m = plan.cfg.model
     lora = policy.get("tuning") == "lora"
     lines = ["---", f"library_name: {'peft' if lora else 'transformers'}",
-             f"pipeline_tag: {'image-text-to-text' if m['is_vlm'] else 'text-generation'}"]
-    if m["source"] != "tiny" and m.get("hub_id"):
-        lines.append(f"base_model: {m['hub_id']}")
-    lines += ["tags:", "- harness", f"- {plan.arm}", f"- {m['tuning']}", "---"]
+             f"pipeline_tag: {'image-text-to-text' if m.is_vlm else 'text-generation'}"]
+    if m.source != "tiny" and m.hub_id:
+        lines.append(f"base_model: {m.hub_id}")
+    lines += ["tags:", "- harness", f"- {plan.arm}", f"- {m.tuning.value}", "---"]
     return "\n".join(lines)
 
 
 def _identity_rows(plan, identity: dict, policy: dict) -> list[tuple[str, str]]:
     data, model, code = identity.get("data") or {}, identity.get("model") or {}, identity.get("code") or {}
-    m = plan.config["model"]
-    if m["source"] == "tiny":
-        what = (f"tiny {m['family']} built by the harness with seeded random weights (spec_sha256 "
+    m = plan.cfg.model
+    if m.source == "tiny":
+        what = (f"tiny {m.family.value} built by the harness with seeded random weights (spec_sha256 "
                 f"`{model.get('spec_sha256')}`, files_sha256 `{model.get('files_sha256')}`)")
     else:
-        what = f"`{m.get('hub_id') or m.get('path')}` (files_sha256 `{model.get('files_sha256')}`)"
+        what = f"`{m.hub_id or m.path}` (files_sha256 `{model.get('files_sha256')}`)"
     rows = [("run name", f"`{plan.run_name}`"),
             ("arm", _arm_line(plan.arm)),
             ("semantic_sha256", f"`{identity.get('semantic_sha256')}`"),
@@ -79,29 +79,23 @@ def _identity_rows(plan, identity: dict, policy: dict) -> list[tuple[str, str]]:
             ("data", f"{data.get('kind')}, content_sha256 `{data.get('content_sha256')}` "
                      f"(spec_sha256 `{data.get('spec_sha256')}`)"),
             ("model", what),
-            ("tuning", m["tuning"]),
+            ("tuning", m.tuning.value),
             ("policy weights digest", f"`{policy.get('weights_sha256')}` (harness.policy.weights_digest)"),
             ("code", f"commit `{code.get('commit')}`" + (" with uncommitted changes" if code.get("dirty") else ""))]
     teacher = identity.get("teacher") or plan.identity.get("teacher")
     if teacher:  # opd: what the student distilled from
         of_run = f", the final policy of run `{teacher['run_name']}` ({teacher.get('arm')})" if teacher.get("run_name") else ""
         rows.append(("teacher", f"`{teacher['spec']}`{of_run}, weights digest `{teacher['weights_sha256']}`"))
-    init = plan.config["arm"].get("init")
-    if plan.rl and init:
+    init = plan.kind.policy_init(plan.cfg)
+    if init:
         rows.append(("init", f"`{init}`" + (f" (the SFT warm start `{plan.parent.run_name}`)"
                                              if init == "sft" and plan.parent else "")))
     return rows
 
 
 def _budget_rows(plan, comp: dict) -> list[tuple[str, str, str]]:
-    b = plan.config["budget"]
-    steps = ("optimizer steps", f"at most {b['max_steps']} (budget.max_steps)", str(comp.get("optimizer_steps")))
-    if plan.rl:
-        return [("sampled completion tokens", f"{comp['completion_token_ceiling']} (budget.max_completion_tokens)",
-                 str(comp["realized_completion_tokens"])),
-                ("completions", "", str(comp.get("realized_completion_count"))), steps]
-    return [("loss tokens", f"cap {comp['loss_token_ceiling']} (budget.max_loss_tokens); the prefix of the planned passes that fits: "
-                            f"{comp['planned_loss_tokens']}", str(comp["realized_loss_tokens"])), steps]
+    steps = ("optimizer steps", f"at most {plan.cfg.budget.max_steps} (budget.max_steps)", str(comp.get("optimizer_steps")))
+    return [*plan.kind.card_budget_rows(comp), steps]
 
 
 def _fmt(result: dict | None, relation: str | None = None) -> str:
@@ -131,10 +125,10 @@ def _eval_table(run_dir: Path, split: str) -> str:
 
 
 def _load_snippet(plan, policy: dict, where: str) -> str:
-    m = plan.config["model"]
+    m = plan.cfg.model
     portable = policy.get("portable") or {}
     trust = ", trust_remote_code=True" if portable.get("processor_code") else ""
-    if not m["is_vlm"]:
+    if not m.is_vlm:
         return (f"```python\nfrom transformers import AutoModelForCausalLM, AutoTokenizer\n\npath = {where!r}\n"
                 "tokenizer = AutoTokenizer.from_pretrained(path)\nmodel = AutoModelForCausalLM.from_pretrained(path)\n```")
     code = (f"```python\nfrom PIL import Image\nfrom transformers import AutoModelForImageTextToText, AutoProcessor\n\n"
@@ -162,21 +156,21 @@ def _load_snippet(plan, policy: dict, where: str) -> str:
 
 def render_card(plan, run_dir: Path, identity: dict, completion: dict, policy: dict) -> str:
     """The card from the plan, the run's identity (run_manifest.json), the completion dict and harness_policy.json."""
-    train = plan.config["train"]
-    where = train["hub_model_id"] if train.get("push_to_hub") else str(Path(run_dir) / "final_policy")
+    cfg = plan.cfg
+    where = cfg.train.hub_model_id if cfg.train.push_to_hub else str(Path(run_dir) / "final_policy")
     budget = _budget_rows(plan, completion)
     cached = Path((identity.get("model") or {}).get("base_path") or "").name
     rebuild = ("The tiny base is rebuilt deterministically by that command, before training (harness.models."
                f"build_tiny: the cache entry `{cached}` under model.cache_dir, named by its build parameters and "
-               "tokenizer corpus)." if plan.config["model"]["source"] == "tiny" else "")
+               "tokenizer corpus)." if cfg.model.source == "tiny" else "")
     parts = [
         _front_matter(plan, policy), "", f"# {plan.run_name}", "",
-        f"A policy trained by the harness with arm {_arm_line(plan.arm)}, {plan.config['model']['tuning']} tuning "
-        f"of model `{plan.config['model']['name']}` on data `{plan.config['data']['name']}`, seed {plan.config['seed']}.",
+        f"A policy trained by the harness with arm {_arm_line(plan.arm)}, {cfg.model.tuning.value} tuning "
+        f"of model `{cfg.model.name}` on data `{cfg.data.name}`, seed {cfg.seed}.",
         "", "## Identity", "", "| | |", "|---|---|", *(f"| {k} | {v} |" for k, v in _identity_rows(plan, identity, policy)),
         "", "## Budget", "", "| | planned | used |", "|---|---|---|", *(f"| {a} | {b} | {c} |" for a, b, c in budget),
         "", f"Stopped by: {completion.get('stopped_by')}. Nonfinite steps skipped: {completion.get('nonfinite_steps', 0)}.",
-        "", "## Evaluation", "", _eval_table(Path(run_dir), plan.config["data"]["eval_split"]),
+        "", "## Evaluation", "", _eval_table(Path(run_dir), cfg.data.eval_split),
         "", "## Load", "", _load_snippet(plan, policy, where),
         "", "## Reproduce", "", f"From a checkout of the harness at commit `{(identity.get('code') or {}).get('commit')}`:",
         "", f"```bash\n{reproduce_command(plan.overrides)}\n```", "", rebuild,

@@ -37,7 +37,7 @@ def run(cfg: DictConfig, choices: dict | None = None, overrides: list[str] | Non
             raise ConfigError([Problem("sweep", choices["sweep"], "a named sweep defines several jobs; without -m "
                                        "only one would run", f"python -m harness -m sweep={choices['sweep']} ...")])
         plan = build_plan(cfg, choices, overrides)
-        if plan.config["mode"] == "plan":
+        if plan.cfg.mode == "plan":
             from harness.rundir import check_writable_dirs
 
             check_writable_dirs(_dirs(plan), create=False)  # what the run refuses, the plan refuses (writing nothing)
@@ -63,7 +63,7 @@ def run_plan(plan) -> int:
     dirs = _dirs(plan)
     check_writable_dirs(dirs)
     try:
-        if plan.config["run_mode"] == "smoke":
+        if plan.cfg.run_mode == "smoke":
             from harness.smoke import smoke
 
             return smoke(plan)
@@ -83,12 +83,12 @@ def run_plan(plan) -> int:
 
 def _dirs(plan) -> dict[str, str]:
     """The directories a run writes: output_root (run dirs) and the caches (built data and tiny models)."""
-    c = plan.config
-    out = {"output_root": c["output_root"]}
-    if c["data"].get("cache_dir"):
-        out["data.cache_dir"] = c["data"]["cache_dir"]
-    if c["model"].get("cache_dir") and c["model"]["source"] == "tiny":
-        out["model.cache_dir"] = c["model"]["cache_dir"]
+    c = plan.cfg
+    out = {"output_root": c.output_root}
+    if c.data.cache_dir:
+        out["data.cache_dir"] = c.data.cache_dir
+    if c.model.cache_dir and c.model.source == "tiny":
+        out["model.cache_dir"] = c.model.cache_dir
     return out
 
 

@@ -74,6 +74,21 @@ def all_gather(obj) -> list:
     return out
 
 
+def all_reduce_int(value: int, op: str) -> int:
+    """`value` reduced over every rank, `op` "min" | "max", on every rank: e.g. every rank stops at the same step
+    when any one must. The tensor lives where the backend reduces (CUDA for nccl, CPU for gloo)."""
+    if not is_multi():
+        return int(value)
+    import torch
+    import torch.distributed as dist
+
+    nccl = torch.cuda.is_available() and dist.get_backend() == "nccl"
+    device = f"cuda:{torch.cuda.current_device()}" if nccl else "cpu"
+    t = torch.tensor([int(value)], dtype=torch.int64, device=device)
+    dist.all_reduce(t, op={"min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}[op])
+    return int(t.item())
+
+
 class RankAbort(HarnessError):
     """Raised on ranks > 0 when rank 0 failed a decision it makes for everyone (rank 0 reports the error)."""
 

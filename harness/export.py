@@ -119,7 +119,7 @@ def to_wandb(run_dir: Path, plan, rows, completion: dict, project: str | None, m
     from harness.trackers import condition_group, final_scalars, tags, wandb_id
 
     wandb.setup(settings=wandb.Settings(silent=True))
-    run = wandb.init(project=project or plan.config["logger"]["wandb_project"], mode=mode, dir=str(run_dir),
+    run = wandb.init(project=project or plan.cfg.logger.wandb_project, mode=mode, dir=str(run_dir),
                      id=wandb_id(plan.run_name), resume="allow", name=plan.run_name, group=condition_group(plan),
                      tags=tags(plan), config={"harness": {"config": plan.config, "identity": plan.identity,
                                                            "budget": plan.budget}})
@@ -144,7 +144,7 @@ def to_trackio(run_dir: Path, plan, rows, completion: dict, project: str | None)
 
     from harness.trackers import _quiet, condition_group, final_scalars, tags
 
-    name = project or plan.config["logger"]["trackio_project"]
+    name = project or plan.cfg.logger.trackio_project
     _quiet(trackio.init, project=name, name=plan.run_name, group=condition_group(plan), resume="allow", embed=False,
            auto_log_cpu=False, auto_log_gpu=False,
            config={"harness": {"config": plan.config, "identity": plan.identity, "budget": plan.budget}, "tags": tags(plan)})

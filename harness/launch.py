@@ -30,20 +30,20 @@ def needs_launch(plan) -> bool:
     """A training job asks for several processes but this is not one of their ranks."""
     from harness import dist
 
-    c = plan.config
-    return c["placement"]["num_processes"] > 1 and not dist.is_multi() and c["mode"] == "train"
+    c = plan.cfg
+    return c.placement.num_processes > 1 and not dist.is_multi() and c.mode == "train"
 
 
 def launch_command(plan) -> list[str]:
-    p = plan.config["placement"]
-    acc = str(REPO / p["accelerate_config"]) if p["accelerate_config"] else None
+    p = plan.cfg.placement
+    acc = str(REPO / p.accelerate_config) if p.accelerate_config else None
     cmd = [sys.executable, "-m", "accelerate.commands.launch"]
     if acc:
         cmd += ["--config_file", acc]
     # The harness sets precision itself (model.dtype -> TrainingArguments.bf16), not the launcher.
-    cmd += ["--num_processes", str(p["num_processes"]), "--num_machines", "1", "--dynamo_backend", "no",
+    cmd += ["--num_processes", str(p.num_processes), "--num_machines", "1", "--dynamo_backend", "no",
             "--mixed_precision", "no"]
-    if p["kind"] == "ddp":
+    if p.kind == "ddp":
         # On a CPU node this gives MULTI_CPU ranks over gloo; `--cpu` would silently run ONE process (docs/platform.md).
         cmd += ["--multi_gpu"]
     port = os.environ.get("MASTER_PORT") or str(_free_port())
@@ -61,11 +61,10 @@ def _free_port() -> int:
 
 def launch(plan) -> int:
     """Write the plan, start the ranks, wait; the ranks' exit code is returned."""
-    plan_file = Path(plan.config["output_root"]) / "launch" / plan.run_name / "plan.json"
+    plan_file = Path(plan.cfg.output_root) / "launch" / plan.run_name / "plan.json"
     atomic_write_json(plan_file, plan.to_json())
     cmd = launch_command(plan)
-    log.info("launching %d ranks (%s): %s", plan.config["placement"]["num_processes"],
-             plan.config["placement"]["name"], " ".join(cmd))
+    log.info("launching %d ranks (%s): %s", plan.cfg.placement.num_processes, plan.cfg.placement.name, " ".join(cmd))
     exit_file = plan_file.with_name("exit_code")
     exit_file.unlink(missing_ok=True)
     env = {**os.environ, PLAN_ENV: str(plan_file), EXIT_ENV: str(exit_file)}

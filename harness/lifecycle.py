@@ -22,8 +22,8 @@ import time
 import traceback
 from pathlib import Path
 
-from arms import registry
 from harness import dist
+from harness.config.fields import TEACHER, WARM_START
 from harness.errors import ConfigError, HarnessError, Problem, RunDirLocked
 from harness.faults import point
 from harness.halt import Halted, interrupted, signal_name
@@ -34,13 +34,14 @@ log = logging.getLogger("harness")
 
 
 def execute(plan: Plan) -> int:
-    """Run the plan's parents (unless this run is already complete), then the plan itself."""
-    if plan.rl and plan.config["arm"]["init"] == "sft" and plan.parent is None:
+    """Run the plan's prerequisites in order (unless this run is already complete), then the plan itself."""
+    cfg = plan.cfg
+    if plan.kind.warm_start(cfg) and plan.parent is None:
         raise ConfigError([Problem("arm.init", "sft", "this plan carries no SFT parent (it was built from a config "
                                    "without its command line)",
                                    "plan it with harness.cli.compose_plan(argv), or set arm.init=scratch")])
-    if plan.config["arm"].get("teacher") in registry() and plan.teacher is None:
-        raise ConfigError([Problem("arm.teacher", plan.config["arm"]["teacher"], "this plan carries no teacher plan "
+    if cfg.arm.teacher_arm() is not None and plan.teacher is None:
+        raise ConfigError([Problem("arm.teacher", cfg.arm.teacher, "this plan carries no teacher plan "
                                    "(it was built from a config without its command line)",
                                    "plan it with harness.cli.compose_plan(argv), or set arm.teacher=run:<run_name>")])
     t0 = time.perf_counter()
@@ -49,17 +50,26 @@ def execute(plan: Plan) -> int:
         from harness.stages.preflight import check_loadable
 
         check_loadable(plan)  # a checkpoint whose processor cannot be built: refused before any run dir is claimed
-    ran_parent = todo and (plan.parent is not None or plan.teacher is not None)
-    for role, before in (("the SFT warm start", plan.parent), ("the teacher", plan.teacher)):
-        if todo and before is not None:
-            code = run_parent(before, role)
+    ran_parent = todo and bool(plan.prerequisites)
+    for pre in plan.prerequisites:
+        if todo:
+            code = run_parent(pre.plan, pre.what)
             if code:  # interrupted by a signal: so is this run (the same command continues both)
                 return code
-            if before is plan.parent:
-                check_warm_start(plan)
-    if plan.teacher is not None and (todo or _status(plan.teacher.run_dir) == "completed"):
-        plan = with_teacher_identity(plan)
+        plan = AFTER[pre.role](plan, ran=todo)
     return execute_one(plan, parent_s=time.perf_counter() - t0 if ran_parent else 0.0)
+
+
+def _after_warm_start(plan: Plan, ran: bool) -> Plan:
+    if ran:
+        check_warm_start(plan)
+    return plan
+
+
+def _after_teacher(plan: Plan, ran: bool) -> Plan:
+    if ran or _status(plan.teacher.run_dir) == "completed":
+        return with_teacher_identity(plan)
+    return plan
 
 
 def check_warm_start(plan: Plan) -> None:
@@ -67,9 +77,8 @@ def check_warm_start(plan: Plan) -> None:
     greedy answers that parse (format_valid) must reach budget.sft_warm_start_min_format. Below it, nearly every
     completion is invalid, gets the same reward, and GRPO's group advantages are zero: the run would spend its
     budget learning nothing."""
-    c = plan.config
-    need = c["budget"].get("sft_warm_start_min_format", 0.0)
-    if not need or not c["train"]["eval_after"]:  # the plan warned: no eval, nothing to check
+    need = plan.cfg.budget.sft_warm_start_min_format
+    if not need or not plan.cfg.train.eval_after:  # the plan warned: no eval, nothing to check
         return
     # rank 0 reads the warm start's eval (it wrote it); every rank gets its verdict and stops with it
     verdict = _warm_start_verdict(plan, need) if dist.is_main() else None
@@ -87,8 +96,9 @@ def _warm_start_verdict(plan: Plan, need: float) -> str | None:
 
     from harness.eval import artifact_path
 
-    c, parent = plan.config, plan.parent
-    src = artifact_path(parent.run_dir, c["data"]["eval_split"], "final")
+    cfg, parent = plan.cfg, plan.parent
+    split = cfg.data.eval_split
+    src = artifact_path(parent.run_dir, split, "final")
     try:
         ev = json.loads(Path(src).read_text())
     except (OSError, ValueError):
@@ -97,16 +107,16 @@ def _warm_start_verdict(plan: Plan, need: float) -> str | None:
                 "    fix: run it with train.eval_after=true, or set budget.sft_warm_start_min_format=0")
     got = ev.get("format_valid", 0.0)
     log.info("the SFT warm start writes a well-formed answer on %.0f%% of %d %s views (at least %.0f%% needed)",
-             100 * got, ev.get("n", 0), c["data"]["eval_split"], 100 * need)
+             100 * got, ev.get("n", 0), split, 100 * need)
     if got >= need:
         return None
-    b, pc = c["budget"], parent.budget
-    sized = (f"budget.sft_warm_start_epochs={b['sft_warm_start_epochs']}" if b.get("sft_warm_start_epochs") else
-             f"budget.sft_warm_start_steps={b['sft_warm_start_steps']}")
+    b, pc = cfg.budget, parent.budget
+    sized = (f"budget.sft_warm_start_epochs={b.sft_warm_start_epochs}" if b.sft_warm_start_epochs else
+             f"budget.sft_warm_start_steps={b.sft_warm_start_steps}")
     passes = f" ({pc['epochs']} passes over {pc['train_rows']} training rows)" if pc.get("epochs") else ""
     return (
         f"WarmStartError: the SFT warm start ({parent.run_name}) writes a well-formed <answer>...</answer> on only "
-        f"{100 * got:.0f}% of the {ev.get('n', 0)} {c['data']['eval_split']} views it was evaluated on (at least "
+        f"{100 * got:.0f}% of the {ev.get('n', 0)} {split} views it was evaluated on (at least "
         f"{100 * need:.0f}% needed: budget.sft_warm_start_min_format={need}). RL from it would score almost every "
         "completion as invalid, with the same reward in a group: no advantage, no update.\n"
         f"    the warm start: {sized}{passes}; its eval: {src}\n"
@@ -127,6 +137,10 @@ def with_teacher_identity(plan: Plan) -> Plan:
         raise RuntimeError(f"the teacher run {plan.teacher.run_dir} is not the completed run this plan planned "
                            f"(semantic {now['semantic_sha256']}, planned {planned['semantic_sha256']})")
     return dataclasses.replace(plan, identity={**plan.identity, "teacher": {**planned, **now}})
+
+
+#: what the lifecycle does once a prerequisite (harness.plan.Prerequisite) of a plan has run (or was complete)
+AFTER = {WARM_START: _after_warm_start, TEACHER: _after_teacher}
 
 
 def run_parent(parent: Plan, role: str = "the SFT warm start", poll_s: float = 2.0) -> int:
@@ -190,7 +204,8 @@ def execute_one(plan: Plan, parent_s: float = 0.0) -> int:
             if main:
                 log.info("run %s is already complete; nothing to do.", plan.run_name)
                 log.info("  %s", run.path)
-                added = loggers_not_logged(plan.config["logger"], run.manifest["plan"]["config"]["logger"])
+                logged = run.manifest["plan"]["config"]["logger"]  # what the finished run was run with
+                added = loggers_not_logged(plan.cfg.logger, logged)
                 if added:  # logger.* is not the run's identity: this command found the finished run, not a new one
                     log.info("  %s: loggers are not part of a run's identity, so this finished run is not trained "
                              "again; send its record there with: python -m harness.export %s --to %s",
@@ -225,9 +240,9 @@ def execute_one(plan: Plan, parent_s: float = 0.0) -> int:
             run.release()
 
 
-def loggers_not_logged(wanted: dict, logged: dict) -> list[str]:
+def loggers_not_logged(wanted, logged: dict) -> list[str]:
     """The loggers (tensorboard, wandb, trackio) this command asks for that the finished run did not log to."""
-    return [name for name in ("tensorboard", "wandb", "trackio") if wanted.get(name) and not logged.get(name)]
+    return [name for name in ("tensorboard", "wandb", "trackio") if getattr(wanted, name) and not logged.get(name)]
 
 
 def _halted(plan: Plan, run: RunDir, halt: Halted) -> int:
@@ -250,7 +265,7 @@ def run_stages(plan: Plan, run: RunDir, parent_s: float = 0.0) -> dict | None:
     writes this rank's stacks to the run dir (harness.diagnostics)."""
     from harness.diagnostics import StackDumps
 
-    with run_objects(), StackDumps(run.path, dist.rank(), plan.config["train"]["hang_timeout_s"]) as dumps:
+    with run_objects(), StackDumps(run.path, dist.rank(), plan.cfg.train.hang_timeout_s) as dumps:
         return _stages(plan, run, parent_s, dumps)
 
 
@@ -297,11 +312,11 @@ def _stages(plan: Plan, run: RunDir, parent_s: float, dumps) -> dict | None:
     quiet_libraries()
     _reset_peak_memory()  # completion.json's peak_cuda_mb is this run's, not the process's (a sweep's jobs)
     clock.lap("imports")  # torch, transformers and TRL: paid by the first run of a process
-    data = dist.main_first(data_stage.prepare, plan.config, run.manifest["identity"]["data"], run_dir=str(run.path),
+    data = dist.main_first(data_stage.prepare, plan.cfg, run.manifest["identity"]["data"], run_dir=str(run.path),
                            fix="restore the dataset, or start a new run (another output_root)")  # rank 0 builds caches
     run.update(identity={"data": {"content_sha256": data.content_sha256, "root": str(data.root)}})
     log.info("data: %s (%s)", data.root, data.summary)
-    data = data_stage.load_rows(plan.config, data)
+    data = data_stage.load_rows(plan.cfg, data)
     clock.lap("data")
     policy = policy_stage.build(plan, run.manifest["identity"]["model"], corpus(data.train_rows + data.test_rows),
                                 str(run.path), preflight=functools.partial(preflight.run, plan, run, data))
@@ -360,8 +375,8 @@ class Phases:
 
 
 def _check_world(plan: Plan) -> None:
-    if dist.is_multi() and dist.world_size() != plan.config["placement"]["num_processes"]:
-        n = plan.config["placement"]["num_processes"]
+    n = plan.cfg.placement.num_processes
+    if dist.is_multi() and dist.world_size() != n:
         raise ConfigError([Problem(
             "placement.num_processes", n, f"the launcher started {dist.world_size()} processes (WORLD_SIZE)",
             f"launch with --num_processes {n}, or set placement.num_processes={dist.world_size()} (the budget is "
@@ -379,8 +394,9 @@ def _announce(plan: Plan, run: RunDir) -> None:
     state = f"existing, status {run.manifest['status']}" if run.resumed else "new"
     ranks = f"; {dist.world_size()} ranks" if dist.is_multi() else ""
     log.info("run dir: %s (%s%s)", run.path, state, ranks)
-    log.info("plan: arm=%s model=%s data=%s seed=%s; budget %s", plan.config["arm"]["name"],
-             plan.config["model"]["name"], plan.config["data"]["name"], plan.config["seed"], _budget_line(plan))
+    cfg = plan.cfg
+    log.info("plan: arm=%s model=%s data=%s seed=%s; budget %s", cfg.arm.name, cfg.model.name, cfg.data.name, cfg.seed,
+             plan.kind.budget_line(plan.budget))
     t = plan.identity.get("teacher")
     if t:  # opd: what it distills from
         of_run = f"run {t['run_name']} ({t['arm']}" if t.get("run_name") else f"{t['path']} ("
@@ -388,20 +404,10 @@ def _announce(plan: Plan, run: RunDir) -> None:
         log.info("teacher: %s, %sweights sha256 %s...)", of_run, acc, (t.get("weights_sha256") or "?")[:12])
 
 
-def _budget_line(plan: Plan) -> str:
-    b = plan.budget
-    if plan.rl:
-        return f"{b['completion_token_ceiling']} sampled tokens, <= {b['max_steps']} steps"
-    return f"{b['loss_token_ceiling']} loss tokens, <= {b['max_steps']} steps"
-
-
 def _summary(plan: Plan, comp: dict) -> None:
     """The end-of-run table: arm, steps, budget use, accuracy before -> after per relation, run dir."""
     lines = [f"{'arm':<8} {'steps':>5}  {'budget':<28} {'stopped by':<11} run dir"]
-    if plan.rl:
-        used = f"{comp['realized_completion_tokens']}/{comp['completion_token_ceiling']} tokens"
-    else:
-        used = f"{comp['realized_loss_tokens']}/{comp['loss_token_ceiling']} loss tok"
+    used = plan.kind.used(comp)
     stopped = comp.get("stopped_by") or "-"
     lines.append(f"{comp['arm']:<8} {comp['optimizer_steps']:>5}  {used:<28} {stopped:<11} {plan.run_dir}")
     before, after = comp.get("eval_before") or {}, comp.get("eval_after") or {}
@@ -415,9 +421,8 @@ def _summary(plan: Plan, comp: dict) -> None:
             lines.append(f"    {rel:<11} accuracy {bs} -> {a['accuracy']:.3f}{extra}")
     points = comp.get("eval_points") or []
     if points:  # train.eval_steps: accuracy at each kept checkpoint, by the sampled tokens before it
-        unit = "tokens" if plan.rl else "step"
-        at = lambda p: f"{p['completion_tokens']}" if plan.rl else f"{p['step']}"  # noqa: E731
-        lines.append(f"  eval curve (accuracy @ {unit}): " + ", ".join(f"{p['accuracy']:.3f} @ {at(p)}" for p in points))
+        lines.append(f"  eval curve (accuracy @ {plan.kind.curve_unit}): "
+                     + ", ".join(f"{p['accuracy']:.3f} @ {plan.kind.curve_point(p)}" for p in points))
     phases = comp.get("phases_s")
     if phases:
         reused = " (reused)" if before.get("reused_from") else ""
@@ -446,6 +451,5 @@ def _no_signal_lines(plan: Plan, before: dict, after: dict) -> list[str]:
 
     if not abstains_everywhere(after):
         return []
-    init = (" Its init (the eval before training) abstained on every view too." if plan.rl and
-            abstains_everywhere(before) else "")
-    return [f"NO SIGNAL: {abstention_text(after)}{init}", f"  {abstention_fix(plan.config, plan.rl)}"]
+    init = " Its init (the eval before training) abstained on every view too." if abstains_everywhere(before) else ""
+    return [f"NO SIGNAL: {abstention_text(after)}{init}", f"  {abstention_fix(plan.config, plan.kind.samples)}"]

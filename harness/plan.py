@@ -3,7 +3,8 @@
     compose (Hydra) -> build_plan -> Plan(config, identity, run_name, run_dir, budget, checkpoints, parent)
 
 The arm's kind (its registry entry: sft | rl) is resolved here once and travels with the plan
-(`Plan.kind`): it decides the budget, the stages a run goes through and what it records. An RL
+(`Plan.kind`, an object of harness.kinds that is also its name): it decides the budget, the stages a run goes
+through and what it records. The run path reads the typed config, `Plan.cfg` (harness.config.typed). An RL
 arm with arm.init=sft carries its parent: the plan of its SFT warm start, composed once with the
 child from the same command line (`arm=sft`, `budget.max_steps=budget.sft_warm_start_steps`),
 shown by `mode=plan` and run first by the lifecycle. An arm with a planned teacher (opd's
@@ -37,13 +38,13 @@ from omegaconf.errors import OmegaConfBaseException
 
 from arms import registry
 from harness import identity as ident
+from harness import kinds
 from harness.config.checks import checkpoint_path, run_checks
 from harness.config.fields import DERIVED, TEACHER, WARM_START
 from harness.config.schema import Config, Source, SyntheticData
 from harness.config.store import TEACHER_SUFFIX, WARM_START_SUFFIX
 from harness.data.spec import split_rows, synthetic_args
 from harness.errors import ConfigError, Problem
-from harness.reward_fns import reward_identity
 from harness.rounds import GenerationRound
 
 PLAN_VERSION = 1
@@ -59,7 +60,7 @@ class Plan:
     run_dir: str
     budget: dict
     checkpoints: dict
-    kind: str  # the arm's kind (arms registry): sft | rl
+    kind: kinds.Kind  # the arm's kind (arms registry) as its object (harness.kinds); it is also its name, sft | rl
     warnings: list = field(default_factory=list)
     overrides: list = field(default_factory=list)  # the command line's overrides (not part of identity)
     parent: "Plan | None" = None  # the SFT warm start of an RL arm with arm.init=sft, run first
@@ -67,19 +68,34 @@ class Plan:
 
     @property
     def arm(self) -> str:
-        return self.config["arm"]["name"]
+        return self.cfg.arm.name
+
+    @functools.cached_property
+    def cfg(self) -> Config:
+        """The typed config (the schema's dataclasses, the arm's own class), rebuilt from `config` once per plan
+        object: what the run path reads (`plan.cfg.train.eval_steps`); `config` stays the serialized form."""
+        from harness.config.typed import from_json
+
+        return from_json(Config, self.config)
 
     @functools.cached_property
     def round(self) -> GenerationRound | None:
         """The generation round of an arm that samples (None for sft): the one the run's ranks, trainers, ledger and
         smoke check use (plan time builds it from the typed config: budget_summary, the arm's check_round)."""
-        if not self.rl:
-            return None
-        return GenerationRound.of(self.config["arm"], world=self.config["placement"]["num_processes"])
+        return self.kind.round(self.cfg)
+
+    @property
+    def prerequisites(self) -> tuple["Prerequisite", ...]:
+        """The plans this one needs run first, in the order the lifecycle runs them: the SFT warm start (role
+        WARM_START, the `parent`), then a planned teacher (role TEACHER); each derived from this plan's command line
+        by the schema's `derived=` flags (`inherited`)."""
+        return tuple(Prerequisite(role, p) for role, p in ((WARM_START, self.parent), (TEACHER, self.teacher))
+                     if p is not None)
 
     @property
     def rl(self) -> bool:
-        return self.kind == "rl"
+        """Whether the arm samples (its kind's `samples`): the run path asks the kind itself (harness.kinds)."""
+        return self.kind.samples
 
     def to_json(self) -> dict:
         return {
@@ -102,10 +118,22 @@ class Plan:
     def from_json(cls, d: dict) -> "Plan":
         """The plan a driver wrote (harness.launch): exactly what was printed and checked, parent included."""
         return cls(config=d["config"], choices=d["choices"], identity=d["identity"], run_name=d["run_name"],
-                   run_dir=d["run_dir"], budget=d["budget"], checkpoints=d["checkpoints"], kind=d["kind"],
+                   run_dir=d["run_dir"], budget=d["budget"], checkpoints=d["checkpoints"], kind=kinds.of(d["kind"]),
                    warnings=d.get("warnings", []), overrides=d.get("overrides", []),
                    parent=cls.from_json(d["parent"]) if d.get("parent") else None,
                    teacher=cls.from_json(d["teacher"]) if d.get("teacher") else None)
+
+
+@dataclass(frozen=True)
+class Prerequisite:
+    """A plan a run needs completed first, and its role (harness.config.fields.WARM_START | TEACHER)."""
+
+    role: str
+    plan: Plan
+
+    @property
+    def what(self) -> str:
+        return {WARM_START: "the SFT warm start", TEACHER: "the teacher"}[self.role]
 
 
 def build_plan(cfg: DictConfig | Config, choices: Mapping[str, Any] | None = None,
@@ -116,12 +144,13 @@ def build_plan(cfg: DictConfig | Config, choices: Mapping[str, Any] | None = Non
     `process_identity`: the code and environment identity already read for this plan's child (the parent
     is planned in the same process, a moment later: the same git state and packages)."""
     typed = _to_typed(cfg)
+    kind = kinds.of(registry()[typed.arm.name].kind)
     findings = run_checks(typed)
     if findings.problems:
         raise ConfigError(findings.problems)
 
     config = ident.to_jsonable(typed)
-    non_semantic = ident.non_semantic_paths(typed) + irrelevant_to_arm(typed)
+    non_semantic = ident.non_semantic_paths(typed) + kind.irrelevant_fields()
     config_sha, semantic_sha = ident.config_hashes(config, non_semantic)
     model_identity = planned_model_identity(typed)
     data_identity = planned_data_identity(typed)
@@ -133,12 +162,10 @@ def build_plan(cfg: DictConfig | Config, choices: Mapping[str, Any] | None = Non
         "non_semantic_fields": non_semantic,
         "data": data_identity,
         "model": model_identity,
-        # the reward functions' sources (RL arms: SFT samples nothing, scores nothing)
-        **({"reward": reward_identity(config["reward"])} if registry()[typed.arm.name].rl else {}),
+        **kind.identity(config),  # RL: the reward functions' sources (SFT samples nothing, scores nothing)
         **typed.arm.extra_identity(typed),  # e.g. opd's teacher
         **(process_identity or {"code": ident.code_identity(), "environment": ident.environment_identity()}),
     }
-    kind = registry()[typed.arm.name].kind
     shared = {k: identity[k] for k in ("code", "environment")}
     parent = sft_parent(typed, overrides, shared) if overrides is not None else None
     teacher = teacher_plan(typed, overrides, shared) if overrides is not None else None
@@ -153,7 +180,7 @@ def build_plan(cfg: DictConfig | Config, choices: Mapping[str, Any] | None = Non
         identity=identity,
         run_name=run_name,
         run_dir=run_dir,
-        budget=budget_summary(typed),
+        budget=kind.budget_summary(typed),
         checkpoints=checkpoint_schedule(typed),
         warnings=findings.warnings,
         overrides=list(overrides or []),
@@ -163,7 +190,7 @@ def build_plan(cfg: DictConfig | Config, choices: Mapping[str, Any] | None = Non
 def sft_parent(cfg: Config, overrides: list[str], process_identity: dict | None = None) -> Plan | None:
     """The plan of the SFT warm start of an RL plan with arm.init=sft: the same command line (model, data,
     seed, ...) with arm=sft, capped by budget.sft_warm_start_steps; None for every other plan."""
-    if not registry()[cfg.arm.name].rl or cfg.arm.init != "sft":
+    if not kinds.of(registry()[cfg.arm.name].kind).warm_start(cfg):
         return None
     b = cfg.budget
     length = [f"arm.max_length={b.sft_warm_start_max_length}"] if b.sft_warm_start_max_length is not None else []
@@ -178,7 +205,7 @@ def sft_parent(cfg: Config, overrides: list[str], process_identity: dict | None 
     rows = split_rows(cfg.data, cfg.data.train_split, cfg.model.patch_size)
     if b.sft_warm_start_epochs is None:  # sized in steps, over as many passes as they need
         one_pass = derived(b.sft_warm_start_steps, 1)
-        if rows is not None and b.sft_warm_start_steps * one_pass.config["arm"]["batch_size"] <= rows:
+        if rows is not None and b.sft_warm_start_steps * one_pass.cfg.arm.batch_size <= rows:
             return one_pass  # one pass holds every step: the warm start it always was (its identity unchanged)
         return derived(b.sft_warm_start_steps, None)
     if not rows:
@@ -187,7 +214,7 @@ def sft_parent(cfg: Config, overrides: list[str], process_identity: dict | None 
                                    "run (no manifest.json listing records/<split>.jsonl)",
                                    "seal the dataset first (python -m harness.data manifest DIR), or size the warm "
                                    "start in steps (budget.sft_warm_start_steps)")])
-    batch = derived(1, b.sft_warm_start_epochs).config["arm"]["batch_size"]  # conf/arm/sft.yaml's, as composed
+    batch = derived(1, b.sft_warm_start_epochs).cfg.arm.batch_size  # conf/arm/sft.yaml's, as composed
     return derived(-(-b.sft_warm_start_epochs * rows // batch), b.sft_warm_start_epochs)
 
 
@@ -275,18 +302,6 @@ def _derived_experiment(override: str, dropped, suffix: str) -> str:
     return f"{key}={option}" if option else override
 
 
-def irrelevant_to_arm(cfg: Config) -> list[str]:
-    """Fields the arm never reads: left out of semantic_sha256 so they cannot split identical runs.
-
-    SFT samples nothing (no rollout, reward or token budget); RL arms have no loss-token cap.
-    Runs of a sweep that differ only there then share one SFT warm start.
-    """
-    if registry()[cfg.arm.name].rl:
-        return ["budget.max_loss_tokens"]
-    return ["budget.max_completion_tokens", "budget.sft_warm_start_steps", "budget.sft_warm_start_epochs",
-            "budget.sft_warm_start_max_length", "rollout", "reward", "train.eval_before"]
-
-
 def _to_typed(cfg: DictConfig | Config) -> Config:
     if isinstance(cfg, Config):
         return cfg
@@ -370,43 +385,6 @@ def planned_model_identity(cfg: Config) -> dict:
 
 
 # --- budget and checkpoint schedule
-
-
-def budget_summary(cfg: Config) -> dict:
-    a, b = cfg.arm, cfg.budget
-    if registry()[a.name].rl:
-        rnd = GenerationRound.of(a, world=cfg.placement.num_processes)
-        rounds_that_fit = b.max_completion_tokens // rnd.token_bound
-        return {
-            "kind": "completion_tokens",
-            "completion_token_ceiling": b.max_completion_tokens,
-            "per_step_upper_bound": rnd.per_step_token_bound,
-            "completions_per_step": rnd.completions_per_step,
-            "generation_round": rnd.describe(),
-            "max_steps": b.max_steps,
-            # steps that fit even if every completion runs to max_completion_length; shorter ones buy more
-            "guaranteed_steps": min(b.max_steps, rounds_that_fit * rnd.cycle),
-            # at most this many tokens by max_steps: at or below the ceiling, max_steps binds before the budget
-            # can, and "same budget" would mean "same steps"
-            "max_steps_worst_case_tokens": -(-b.max_steps // rnd.cycle) * rnd.token_bound,
-            "rule": "stop after the last step whose successor could exceed the remaining budget",
-        }
-    rows = split_rows(cfg.data, cfg.data.train_split, cfg.model.patch_size)
-    passes = None
-    if rows:  # the passes over the training split budget.max_steps allows, capped by arm.epochs
-        passes = round(b.max_steps * a.batch_size / rows, 2)
-        passes = min(passes, a.epochs) if a.epochs is not None else passes
-    return {
-        "kind": "loss_tokens",
-        "loss_token_ceiling": b.max_loss_tokens,
-        "max_steps": b.max_steps,
-        "train_rows": rows,
-        "rows_per_step": a.batch_size,
-        "epochs": passes,
-        "epochs_cap": a.epochs,
-        "rule": "train on the longest prefix of the planned passes (each a fresh seeded order of the training split) "
-                "whose loss tokens fit",
-    }
 
 
 def checkpoint_schedule(cfg: Config) -> dict:

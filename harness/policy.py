@@ -18,12 +18,16 @@ import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from harness.card import CARD, provisional_card
 from harness.faults import point
 from harness.identity import sha256_file
 from harness.portable import make_portable
 from harness.rundir import atomic_write_bytes, atomic_write_json, fsync_dir, read_json
+
+if TYPE_CHECKING:
+    from harness.config.schema import ModelConfig
 
 log = logging.getLogger("harness")
 POLICY_MANIFEST = "harness_policy.json"
@@ -38,6 +42,16 @@ class Policy:
     init: dict  # {"kind": sft|scratch|path, "path": ..., "parent_run": ...}
     suppress_token_ids: list[int] = field(default_factory=list)
     eos_token_ids: list[int] = field(default_factory=list)
+
+
+#: a directory holding one of these is a policy the harness can start from or distill from: full weights
+#: (config.json) or a PEFT adapter (adapter_config.json)
+POLICY_FILES = ("config.json", "adapter_config.json")
+
+
+def is_policy_dir(path: str | Path) -> bool:
+    """Whether `path` holds a policy (arm.init=<path>, opd's arm.teacher=<path>): POLICY_FILES. Torch-free."""
+    return any((Path(path) / name).is_file() for name in POLICY_FILES)
 
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
@@ -109,9 +123,14 @@ def eos_token_ids(processor, model=None) -> list[int]:
 
 
 def device_of(plan) -> str:
+    """The device the plan's process trains on (placement.device resolved: device_for)."""
+    return device_for(plan.cfg.placement.device)
+
+
+def device_for(want: str) -> str:
+    """A placement.device value (auto | cpu | cuda) resolved for this process."""
     import torch
 
-    want = plan.config["placement"]["device"]
     if want == "auto":
         want = "cuda" if torch.cuda.is_available() else "cpu"
     if want == "cuda" and "LOCAL_RANK" in os.environ:  # a rank of a multi-process launch: its own GPU
@@ -121,23 +140,24 @@ def device_of(plan) -> str:
 
 def build_base(plan, corpus: list[str]) -> tuple[str, dict]:
     """The base model directory and its identity (tiny: built and cached; pretrained: as found)."""
-    m = plan.config["model"]
-    if m["source"] == "tiny":
+    m = plan.cfg.model
+    if m.source == "tiny":
         from harness.models import build_tiny, model_identity
 
-        path = build_tiny(family=m["family"], is_vlm=m["is_vlm"], patch_size=m["patch_size"], tiny=m["tiny"],
-                          corpus=corpus, cache_dir=m["cache_dir"])
+        path = build_tiny(family=m.family, is_vlm=m.is_vlm, patch_size=m.patch_size, tiny=m.tiny,
+                          corpus=corpus, cache_dir=m.cache_dir)
         return str(path), model_identity(path)
     path = plan.identity["model"]["path"]
     return path, dict(plan.identity["model"])
 
 
 def load_policy(path: str | Path, *, base_path: str | None = None, trainable: bool = True,
-                model_cfg: dict | None = None):
+                model_cfg: ModelConfig | dict | None = None):
     """(model, processor) from a saved policy: a full model dir, or a PEFT adapter over `base_path`.
 
-    `model_cfg` (the plan's config["model"]): the weights' dtype and attention backend, and the processor's
-    model.min_pixels / model.max_pixels; without it, the checkpoint's own (`dtype="auto"`)."""
+    `model_cfg` (the plan's `cfg.model`, or its serialized form: a manifest's config["model"]): the weights' dtype
+    and attention backend, and the processor's model.min_pixels / model.max_pixels; without it, the checkpoint's
+    own (`dtype="auto"`)."""
     return (load_policy_model(path, base_path=base_path, trainable=trainable, model_cfg=model_cfg),
             load_policy_processor(path, base_path=base_path, model_cfg=model_cfg))
 
@@ -149,9 +169,19 @@ def policy_base(path: Path, base_path: str | None) -> str | None:
     return base_path
 
 
+def model_fields(model_cfg: ModelConfig | dict | None) -> dict:
+    """The model config as the loaders read it, plain JSON values (enums as strings): the typed `plan.cfg.model`
+    serialized, a dict (a run manifest's config["model"], possibly of an older schema) as it is, None as {}."""
+    if model_cfg is None or isinstance(model_cfg, dict):
+        return model_cfg or {}
+    from harness.identity import to_jsonable
+
+    return to_jsonable(model_cfg)
+
+
 def load_policy_model(path: str | Path, *, base_path: str | None = None, trainable: bool = True,
-                      model_cfg: dict | None = None):
-    path, m = Path(path), model_cfg or {}
+                      model_cfg: ModelConfig | dict | None = None):
+    path, m = Path(path), model_fields(model_cfg)
     if not (path / "adapter_config.json").is_file():
         return _auto_model(str(path), m)
     from peft import PeftModel
@@ -159,23 +189,25 @@ def load_policy_model(path: str | Path, *, base_path: str | None = None, trainab
     return PeftModel.from_pretrained(_auto_model(policy_base(path, base_path), m), str(path), is_trainable=trainable)
 
 
-def load_policy_processor(path: str | Path, *, base_path: str | None = None, model_cfg: dict | None = None):
+def load_policy_processor(path: str | Path, *, base_path: str | None = None,
+                          model_cfg: ModelConfig | dict | None = None):
     """The processor a saved policy runs with. A run on a real checkpoint takes that checkpoint's own processor files,
     whatever the policy dir holds: a Trainer checkpoint holds what the image-only processor saves (no video
     processor), which the stock AutoProcessor cannot rebuild."""
-    path, m = Path(path), model_cfg or {}
+    path, m = Path(path), model_fields(model_cfg)
     base = policy_base(path, base_path)
     if m.get("source") == "pretrained" and base:
         return load_processing(Path(base), m)
     return load_processing(path if (path / "tokenizer_config.json").exists() else Path(base), m)
 
 
-def load_processing(path: Path, m: dict):
+def load_processing(path: Path, m: ModelConfig | dict):
     """The processor (a tokenizer for text-only models) saved in `path`: the tiny models' HarnessVLProcessor
     through AutoProcessor, a real checkpoint's through harness.models.pretrained (image-only without torchvision)."""
     import harness.models  # noqa: F401  (registers the image-only processor with AutoProcessor)
     from harness.models.pretrained import is_harness_processor, load_processor, set_pixels
 
+    m = model_fields(m)
     lo, hi = m.get("min_pixels"), m.get("max_pixels")
     if is_harness_processor(path) or not _is_vlm_dir(path):
         from transformers import AutoProcessor
@@ -207,17 +239,17 @@ def _auto_model(path: str, m: dict | None = None):
 
 
 def apply_tuning(model, plan):
-    m = plan.config["model"]
-    if m["tuning"] != "lora" or hasattr(model, "peft_config"):
+    m = plan.cfg.model
+    if m.tuning != "lora" or hasattr(model, "peft_config"):
         return model
     from peft import LoraConfig, get_peft_model
 
-    cfg = LoraConfig(r=m["lora_r"], lora_alpha=m["lora_alpha"], lora_dropout=m["lora_dropout"],
-                     target_modules=list(m["lora_target_modules"]), task_type="CAUSAL_LM")
+    cfg = LoraConfig(r=m.lora_r, lora_alpha=m.lora_alpha, lora_dropout=m.lora_dropout,
+                     target_modules=list(m.lora_target_modules), task_type="CAUSAL_LM")
     # ZeRO-3 gathers parameters into buffers of the first persistent parameter's dtype: PEFT's default fp32
     # upcast of the adapter next to a bf16 base fails at the first optimizer step (TRL applies the same fix
     # when it wraps the model itself; the harness wraps it here). NOTE(trl-1.16) grpo_trainer.py.
-    kw = {"autocast_adapter_dtype": False} if plan.config["placement"].get("zero_stage") == 3 else {}
+    kw = {"autocast_adapter_dtype": False} if plan.cfg.placement.zero_stage == 3 else {}
     return get_peft_model(model, cfg, **kw)
 
 
@@ -242,7 +274,7 @@ def save_final_policy(trainer, run_dir: Path, *, base_path: str, plan) -> dict:
     atomic_write_bytes(tmp / CARD, provisional_card(plan).encode("utf-8"))  # replaced after the final eval
     files = {str(p.relative_to(tmp)): {"sha256": sha256_file(p), "size": p.stat().st_size}
              for p in sorted(tmp.rglob("*")) if p.is_file()}
-    manifest = {"tuning": plan.config["model"]["tuning"], "base_path": base_path, "run_name": plan.run_name,
+    manifest = {"tuning": plan.cfg.model.tuning.value, "base_path": base_path, "run_name": plan.run_name,
                 "identity": {k: plan.identity.get(k) for k in ("config_sha256", "semantic_sha256", "data", "model")},
                 "files": files, "base_files": portable.pop("base_files"), "portable": portable,
                 "card": "provisional",  # harness.card.publish_card: "final", after the final eval

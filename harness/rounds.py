@@ -148,3 +148,9 @@ class GenerationRound:
             "micro_batches_per_step": self.gradient_accumulation_steps,
             "trl": self.trl_kwargs(),
         }
+
+
+def round_of(cfg: Any) -> GenerationRound:
+    """The generation round of a typed config (harness.config.schema.Config): the one place a plan's round is
+    built (Plan.round through its kind, the budget summary, the arms' plan checks)."""
+    return GenerationRound.of(cfg.arm, world=cfg.placement.num_processes)

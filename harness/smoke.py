@@ -41,10 +41,10 @@ class SmokeFailed(HarnessError):
 
 
 def smoke(plan) -> int:
-    c = plan.config
-    smoke_root = Path(c["output_root"]) / "smoke"
+    c = plan.cfg
+    smoke_root = Path(c.output_root) / "smoke"
     run_dir = smoke_root / "runs" / plan.run_name
-    save_steps, max_steps = c["train"]["save_steps"], c["budget"]["max_steps"]
+    save_steps, max_steps = c.train.save_steps, c.budget.max_steps
     if save_steps + 1 > max_steps:
         raise SmokeFailed(f"run_mode=smoke needs a checkpoint before the last step: train.save_steps ({save_steps}) "
                           f"+ 1 > budget.max_steps ({max_steps}).\n    fix: use debug=tiny, or a smaller train.save_steps")
@@ -56,13 +56,13 @@ def smoke(plan) -> int:
             if not a.startswith(("run_mode=", "output_root=", "resume=", "data.cache_dir=", "model.cache_dir="))]
     cmd = [sys.executable, "-m", "harness", *args, f"output_root={smoke_root}", "run_mode=normal", "resume=auto",
            # the caches are shared with normal runs (cache paths are not part of a run's identity)
-           f"data.cache_dir={c['data']['cache_dir']}", f"model.cache_dir={c['model']['cache_dir']}"]
+           f"data.cache_dir={c.data.cache_dir}", f"model.cache_dir={c.model.cache_dir}"]
     log.info("smoke: run %s under %s; kill it after step %d (checkpoint %d is the newest), then resume",
              plan.run_name, smoke_root, kill_step, save_steps)
 
     env = {**os.environ, KILL_RUN_ENV: plan.run_name, KILL_STEP_ENV: str(kill_step)}
     first = subprocess.run(cmd, env=env)
-    ranks = c["placement"]["num_processes"]
+    ranks = c.placement.num_processes
     # One process dies by the signal itself; the ranks of a multi-process job die inside the launcher, whose
     # exit code is then non-zero (and no rank got to write completion.json).
     killed = first.returncode == -signal.SIGKILL if ranks == 1 else \
@@ -91,7 +91,7 @@ def link_referenced_runs(plan, smoke_root: Path) -> None:
     for part in plan.identity.values():
         if not (isinstance(part, dict) and str(part.get("spec", "")).startswith("run:") and part.get("run_name")):
             continue
-        target = Path(plan.config["output_root"]).resolve() / "runs" / part["run_name"]
+        target = Path(plan.cfg.output_root).resolve() / "runs" / part["run_name"]
         link = smoke_root / "runs" / part["run_name"]
         link.parent.mkdir(parents=True, exist_ok=True)
         if not link.exists():

@@ -38,7 +38,7 @@ def condition_group(plan) -> str:
     """`<arm>-<12 hex>`: equal for runs that differ only in their seed (and in non-semantic fields)."""
     cfg = drop_paths(plan.config, plan.identity.get("non_semantic_fields") or [])
     cfg = {k: v for k, v in cfg.items() if k != "seed"}
-    return f"{plan.config['arm']['name']}-{hashlib.sha256(canonical_json(cfg).encode()).hexdigest()[:12]}"
+    return f"{plan.arm}-{hashlib.sha256(canonical_json(cfg).encode()).hexdigest()[:12]}"
 
 
 def wandb_id(run_name: str) -> str:
@@ -49,14 +49,13 @@ def open_wandb(plan, run_dir) -> None:
     """Start (or, on a resume, continue) the run's W&B run before the Trainer is built."""
     import wandb
 
-    c = plan.config
-    lg = c["logger"]
+    c, lg = plan.config, plan.cfg.logger  # c: the serialized config W&B records
     if wandb.run is not None:
         wandb.finish()  # a previous job's run in this process (a basic-launcher sweep)
-    offline = lg["wandb_mode"] == "offline"
+    offline = lg.wandb_mode == "offline"
     if offline:  # TRL asks for the run's URL at every save: one warning per checkpoint; W&B's notes go to its log
         wandb.setup(settings=wandb.Settings(silent=True))
-    run = wandb.init(project=lg["wandb_project"], mode=lg["wandb_mode"], dir=str(run_dir), id=wandb_id(plan.run_name),
+    run = wandb.init(project=lg.wandb_project, mode=lg.wandb_mode, dir=str(run_dir), id=wandb_id(plan.run_name),
                resume="allow", name=plan.run_name, group=condition_group(plan), tags=tags(plan),
                config={"harness": {"config": c, "identity": plan.identity, "budget": plan.budget}})
     if offline:
@@ -65,8 +64,8 @@ def open_wandb(plan, run_dir) -> None:
 
 
 def tags(plan) -> list[str]:
-    c = plan.config
-    return [c["arm"]["name"], f"seed-{c['seed']}", c["model"]["name"], c["model"]["tuning"], plan.kind]
+    cfg = plan.cfg
+    return [cfg.arm.name, f"seed-{cfg.seed}", cfg.model.name, cfg.model.tuning.value, str(plan.kind)]
 
 
 def trackio_dir(plan) -> str:
@@ -74,7 +73,7 @@ def trackio_dir(plan) -> str:
     trackio = sys.modules.get("trackio")
     if trackio is not None:
         return str(trackio.utils.TRACKIO_DIR)
-    return os.path.abspath(os.environ.get("TRACKIO_DIR") or os.path.join(plan.config["output_root"], "trackio"))
+    return os.path.abspath(os.environ.get("TRACKIO_DIR") or os.path.join(plan.cfg.output_root, "trackio"))
 
 
 def open_trackio(plan) -> None:
@@ -84,15 +83,15 @@ def open_trackio(plan) -> None:
     os.environ.setdefault("TRACKIO_DIR", where)  # read once, when trackio is imported
     import trackio
 
-    lg = plan.config["logger"]
+    lg = plan.cfg.logger
     if trackio.context_vars.current_run.get() is not None:
         _quiet(trackio.finish)  # a previous job's run in this process (a basic-launcher sweep)
-    _quiet(trackio.init, project=lg["trackio_project"], name=plan.run_name, group=condition_group(plan),
+    _quiet(trackio.init, project=lg.trackio_project, name=plan.run_name, group=condition_group(plan),
            resume="allow", embed=False, auto_log_cpu=False, auto_log_gpu=False,
            config={"harness": {"config": plan.config, "identity": plan.identity, "budget": plan.budget},
                    "tags": tags(plan)})
     log.info("trackio: run %s (group %s) in %s/%s.db; look at it with `TRACKIO_DIR=%s trackio show --project %s`",
-             plan.run_name, condition_group(plan), where, lg["trackio_project"], where, lg["trackio_project"])
+             plan.run_name, condition_group(plan), where, lg.trackio_project, where, lg.trackio_project)
 
 
 def _quiet(fn, **kwargs):

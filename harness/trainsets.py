@@ -91,10 +91,12 @@ def sft_order(rows: list[dict], seed: int, passes: int = 1) -> list[dict]:
     return out
 
 
-def sft_passes(arm: dict, max_steps: int, rows: int) -> int:
-    """Passes over `rows` training rows an SFT run plans: as many as budget.max_steps can use, at most arm.epochs."""
-    needed = max(1, -(-max_steps * arm["batch_size"] // max(rows, 1)))
-    epochs = arm.get("epochs", 1)  # a plan from before arm.epochs trained one pass
+def sft_passes(arm, max_steps: int, rows: int) -> int:
+    """Passes over `rows` training rows an SFT run plans: as many as budget.max_steps can use, at most arm.epochs.
+    `arm`: the typed SftArm (Plan.cfg.arm), or its dict."""
+    get = arm.get if isinstance(arm, dict) else lambda key, default=None: getattr(arm, key, default)
+    needed = max(1, -(-max_steps * get("batch_size") // max(rows, 1)))
+    epochs = get("epochs", 1)  # a plan from before arm.epochs trained one pass
     return needed if epochs is None else min(needed, epochs)
 
 

@@ -228,5 +228,4 @@ class EviPoTrainer(ExtraTermsGRPOTrainer):
 
 
 def build_trainer(ctx: BuildContext):
-    knobs = EviPoArm(**ctx.plan.config["arm"])
-    return build_grpo(ctx, trainer_cls=functools.partial(EviPoTrainer, knobs=knobs))
+    return build_grpo(ctx, trainer_cls=functools.partial(EviPoTrainer, knobs=ctx.plan.cfg.arm))

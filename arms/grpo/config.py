@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Optional
 
 from harness.config.fields import ArmConfig, f
-from harness.rounds import GenerationRound
+from harness.rounds import round_of
 
 
 class LossType(str, Enum):  # TRL 1.16 GRPOConfig.loss_type
@@ -63,8 +63,9 @@ class GrpoArm(ArmConfig):
 
 def check_init(arm, out) -> None:
     """arm.init of an arm that starts from a policy (every RL arm, opd)."""
-    if arm.init not in ("sft", "scratch") and not any((Path(arm.init) / name).is_file()
-                                                      for name in ("config.json", "adapter_config.json")):
+    from harness.policy import is_policy_dir
+
+    if arm.init not in ("sft", "scratch") and not is_policy_dir(arm.init):
         out.error("arm.init", arm.init, "is neither sft, scratch, nor a policy directory (config.json or "
                   "adapter_config.json in it)",
                   "use arm.init=sft (default), arm.init=scratch, or a path to an adapter / full weights")
@@ -73,7 +74,7 @@ def check_init(arm, out) -> None:
 def check_round(arm, cfg, out) -> None:
     """The generation round of an arm that samples (harness.rounds): its layout, the budget, the save cycle."""
     b = cfg.budget
-    rnd = GenerationRound.of(arm, world=cfg.placement.num_processes)
+    rnd = round_of(cfg)
     for problem in rnd.problems():
         out.error(*problem)
     if b.max_completion_tokens < rnd.token_bound:

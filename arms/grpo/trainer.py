@@ -14,31 +14,30 @@ from harness.rollout import rollout_kwargs
 
 
 def grpo_config_kwargs(ctx: BuildContext) -> dict:
-    c = ctx.plan.config
-    a, r = c["arm"], c["rollout"]
+    a = ctx.plan.cfg.arm
     # harness units -> TRL units: TRL's steps_per_generation counts micro-batches (harness.rounds)
     rnd = ctx.plan.round  # the plan checked that it divides
     kw = dict(
         training_kwargs(ctx),
         **rnd.trl_kwargs(),
-        max_completion_length=a["max_completion_length"],
-        temperature=a["temperature"],
-        top_p=a["top_p"],
-        top_k=a["top_k"],
-        loss_type=a["loss_type"],
-        scale_rewards=a["scale_rewards"],
-        importance_sampling_level=a["importance_sampling_level"],
-        beta=a["beta"],
-        epsilon=a["epsilon"],
-        epsilon_high=a["epsilon_high"] if a["epsilon_high"] is not None else a["epsilon"],
-        mask_truncated_completions=a["mask_truncated_completions"],
+        max_completion_length=a.max_completion_length,
+        temperature=a.temperature,
+        top_p=a.top_p,
+        top_k=a.top_k,
+        loss_type=a.loss_type.value,
+        scale_rewards=a.scale_rewards.value,
+        importance_sampling_level=a.importance_sampling_level.value,
+        beta=a.beta,
+        epsilon=a.epsilon,
+        epsilon_high=a.epsilon_high if a.epsilon_high is not None else a.epsilon,
+        mask_truncated_completions=a.mask_truncated_completions,
         # generation_kwargs REPLACES TRL's default suppress_tokens (docs/platform.md): list them ourselves
         generation_kwargs={"suppress_tokens": list(ctx.suppress_token_ids)},
         shuffle_dataset=True,
         log_completions=False,
         disable_dropout=True,
     )
-    kw.update(rollout_kwargs(r))
+    kw.update(rollout_kwargs(ctx.plan.config["rollout"]))  # harness.rollout maps the serialized rollout group
     return kw
 
 

@@ -73,7 +73,9 @@ class OpdArm(ArmConfig):
 
 
 def _is_policy_dir(path: Path) -> bool:
-    return any((path / name).is_file() for name in ("config.json", "adapter_config.json"))
+    from harness.policy import is_policy_dir
+
+    return is_policy_dir(path)
 
 
 def teacher_dir(teacher: str, output_root: str) -> Path | None:

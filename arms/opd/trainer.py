@@ -27,23 +27,27 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from arms.common import BuildContext, training_kwargs
 from harness.rounds import GenerationRound
 
+if TYPE_CHECKING:
+    from harness.config.schema import ModelConfig
+
 
 def opd_config_kwargs(ctx: BuildContext) -> dict:
-    a = ctx.plan.config["arm"]
+    a = ctx.plan.cfg.arm
     rnd = ctx.plan.round  # the plan checked that it divides
     return dict(
         training_kwargs(ctx),
         # TRL's generation batch = per_device_train_batch_size x ranks x accumulation = one optimizer step's prompts
         per_device_train_batch_size=rnd.per_device_train_batch_size,
-        max_completion_length=a["max_completion_length"],
-        temperature=a["temperature"],
-        top_p=a["top_p"],
-        top_k=a["top_k"],
-        beta=a["beta"],
+        max_completion_length=a.max_completion_length,
+        temperature=a.temperature,
+        top_p=a.top_p,
+        top_k=a.top_k,
+        beta=a.beta,
         # generation_kwargs REPLACES TRL's default suppress_tokens (docs/platform.md): list them ourselves
         generation_kwargs={"suppress_tokens": list(ctx.suppress_token_ids)},
         shuffle_dataset=True,
@@ -52,9 +56,9 @@ def opd_config_kwargs(ctx: BuildContext) -> dict:
     )
 
 
-def load_teacher(path: str, device: str, model_cfg: dict | None = None):
+def load_teacher(path: str, device: str, model_cfg: ModelConfig | None = None):
     """The teacher's model, frozen: a full policy directory, or an adapter merged into its base; in the student's
-    dtype (model.dtype), not the checkpoint's own."""
+    dtype (`model_cfg`: the plan's cfg.model), not the checkpoint's own."""
     from harness.policy import load_policy
 
     model, _ = load_policy(Path(path), trainable=False, model_cfg=model_cfg)
@@ -109,10 +113,10 @@ def build_trainer(ctx: BuildContext):
                 batch["harness_index"] = torch.arange(len(ids), device=batch["completion_ids"].device)
             return batch
 
-    a = ctx.plan.config["arm"]
+    a = ctx.plan.cfg.arm
     rnd = ctx.plan.round
     ctx.reward_fn.hold_trace()  # each trace row waits for its completion's divergence (_compute_loss)
-    teacher = load_teacher(ctx.plan.identity["teacher"]["path"], ctx.device, ctx.plan.config["model"])
+    teacher = load_teacher(ctx.plan.identity["teacher"]["path"], ctx.device, ctx.plan.cfg.model)
     trainer = OpdTrainer(
         model=ctx.model,
         teacher_model=teacher,
@@ -122,7 +126,7 @@ def build_trainer(ctx: BuildContext):
         callbacks=ctx.callbacks,
         harness_reward=ctx.reward_fn,
         generation_round=rnd,
-        loss_temperature=a["loss_temperature"],
+        loss_temperature=a.loss_temperature,
     )
     return trainer
 
@@ -161,9 +165,9 @@ def record_divergence(reward, inputs, seen: list) -> None:
         raise RuntimeError(f"TRL's distillation loss called its divergence kernel {len(seen)} times (the harness "
                            "expects once): the TRL mapping (arms.opd) no longer matches TRL")
     per_token = seen[0]
-    mask = inputs["completion_mask"]
-    if "tool_mask" in inputs:
-        mask = mask * inputs["tool_mask"]
+    from arms.trl_hooks import loss_mask
+
+    mask = loss_mask(inputs)
     valid = mask.reshape(-1) != 0
     full = torch.zeros(valid.numel(), dtype=torch.float64, device=per_token.device)
     if per_token.numel() == valid.numel():

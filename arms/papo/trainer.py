@@ -77,6 +77,5 @@ class PapoTrainer(ExtraTermsGRPOTrainer):
 
 
 def build_trainer(ctx: BuildContext):
-    c = ctx.plan.config
-    knobs = PapoArm(**c["arm"])
-    return build_grpo(ctx, trainer_cls=functools.partial(PapoTrainer, knobs=knobs, run_seed=c["seed"]))
+    c = ctx.plan.cfg
+    return build_grpo(ctx, trainer_cls=functools.partial(PapoTrainer, knobs=c.arm, run_seed=c.seed))

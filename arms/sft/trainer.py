@@ -48,14 +48,13 @@ class HarnessSFTTrainer(SFTTrainer):
 
 
 def build_trainer(ctx: BuildContext):
-    c = ctx.plan.config
-    a = c["arm"]
-    per_device = a["batch_size"] // (ctx.world * a["gradient_accumulation_steps"])  # the plan refused a remainder
+    a = ctx.plan.cfg.arm
+    per_device = a.batch_size // (ctx.world * a.gradient_accumulation_steps)  # the plan refused a remainder
     args = SFTConfig(
         **training_kwargs(ctx),
         per_device_train_batch_size=per_device,
-        max_length=a["max_length"],
-        completion_only_loss=a["completion_only_loss"],
+        max_length=a.max_length,
+        completion_only_loss=a.completion_only_loss,
         shuffle_dataset=False,  # the harness fixed the epoch's order (seeded) before the cap
         dataloader_drop_last=False,
     )
@@ -86,12 +85,12 @@ def apply_loss_token_cap(trainer, ctx: BuildContext, chunk: int = CAP_CHUNK) -> 
 
     The rows are counted with the trainer's own collator, `chunk` rows per call (one row per call costs a processor
     call per row: 6.6 s of the default job's 150-step warm start); the counts are the one-row counts (row_loss_tokens)."""
-    c = ctx.plan.config
-    cap, max_steps = c["budget"]["max_loss_tokens"], c["budget"]["max_steps"]
+    c = ctx.plan.cfg
+    cap, max_steps = c.budget.max_loss_tokens, c.budget.max_steps
     rows_per_step = trainer.args.per_device_train_batch_size * ctx.world * trainer.args.gradient_accumulation_steps
     ds = trainer.train_dataset
     counts, total = [], 0
-    max_len = c["arm"]["max_length"]
+    max_len = c.arm.max_length
     # what cuts the prefix (completion.json `stopped_by`): the loss-token cap ("budget"), max_steps, or the end of the
     # planned passes ("epoch_end": arm.epochs)
     limit = "max_steps" if max_steps * rows_per_step < len(ds) else "epoch_end"

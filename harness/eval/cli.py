@@ -84,13 +84,17 @@ def resolve(run_dir: Path, opts: dict) -> SimpleNamespace:
         raise _fail("RUN_DIR", str(run_dir), "is not a run directory (no run_manifest.json)",
                     "pass a directory under <output_root>/runs/")
     manifest = read_json(run_dir / "run_manifest.json")
-    c = manifest["plan"]["config"]
+    from harness.config.schema import Config
+    from harness.config.typed import from_json
     from harness.data.records import RECORDS_DIR
+
+    c = manifest["plan"]["config"]  # the config as the run recorded it (JSON)
+    cfg = from_json(Config, c)  # typed; a field the run's harness did not have yet takes its default
 
     records = Path((manifest["identity"].get("data") or {}).get("root") or "/nonexistent") / RECORDS_DIR
     splits = (sorted(p.stem for p in records.glob("*.jsonl")) if records.is_dir()
-              else sorted({c["data"]["train_split"], c["data"]["eval_split"], "val"}))
-    split = opts.get("split", c["data"]["eval_split"])
+              else sorted({cfg.data.train_split, cfg.data.eval_split, "val"}))
+    split = opts.get("split", cfg.data.eval_split)
     if split not in splits:
         raise _fail("split", split, f"is not a split of this run's dataset ({', '.join(splits)})", "e.g. split=test")
     policy = opts.get("policy", "final")
@@ -117,13 +121,12 @@ def resolve(run_dir: Path, opts: dict) -> SimpleNamespace:
             raise _fail("policy", policy, "the checkpoint is not intact: " + "; ".join(problems),
                         "pick another published checkpoint (harness.verify lists them)")
         label = f"checkpoint-{int(step)}"
-    train = c["train"]
     return SimpleNamespace(
-        run_dir=run_dir, manifest=manifest, config=c, split=split, policy_path=path, label=label,
+        run_dir=run_dir, manifest=manifest, config=c, cfg=cfg, split=split, policy_path=path, label=label,
         out=artifact_path(run_dir, split, label), policy_sha256=weights_digest(path),
-        max_items=_int(opts, "max_items", c["data"]["eval_max_items"]),
-        batch_size=_int(opts, "batch_size", train["eval_batch_size"]),
-        max_new_tokens=_int(opts, "max_new_tokens", train["eval_max_new_tokens"]))
+        max_items=_int(opts, "max_items", cfg.data.eval_max_items),
+        batch_size=_int(opts, "batch_size", cfg.train.eval_batch_size),
+        max_new_tokens=_int(opts, "max_new_tokens", cfg.train.eval_max_new_tokens))
 
 
 def existing(job: SimpleNamespace, force: bool) -> dict | None:
@@ -147,7 +150,7 @@ def check_data(job: SimpleNamespace) -> Path:
     """The run's dataset root, validated and checked to be the one the run trained on; torch-free."""
     from harness.stages.data import prepare
 
-    return prepare(job.config, job.manifest["identity"]["data"], run_dir=str(job.run_dir),
+    return prepare(job.cfg, job.manifest["identity"]["data"], run_dir=str(job.run_dir),
                    fix="restore the dataset to the data the run trained on, or train a new run on the changed "
                        "data (an eval of other data is not comparable with the run's own)").root
 
@@ -160,12 +163,12 @@ def evaluate(job: SimpleNamespace) -> dict:
     from harness.eval.greedy import eval_rows, run_eval
     from harness.identity import code_identity
     from harness.models import imagecache
-    from harness.policy import device_of, eos_token_ids, load_policy
+    from harness.policy import device_for, eos_token_ids, load_policy
     from harness.reward_fns import Rewards, check_sources
 
     c, ident = job.config, job.manifest["identity"]
     check_sources(c["reward"], ident.get("reward"), str(job.run_dir))  # the reward the run trained with, unedited
-    rewards = Rewards(c["reward"], data_source=c["data"]["name"])
+    rewards = Rewards(c["reward"], data_source=job.cfg.data.name)
     root = getattr(job, "data_root", None) or check_data(job)
     rows = eval_rows(load_split(root, job.split), job.max_items)
     model, processor = load_policy(job.policy_path, base_path=ident["model"].get("base_path"), trainable=False,
@@ -175,10 +178,10 @@ def evaluate(job: SimpleNamespace) -> dict:
 
     fast_vision(model, processor, c["model"])  # the same, bit for bit, in a no-grad eval; runs planned before the fields: off
     plan = SimpleNamespace(run_name=job.manifest["run_name"], identity=ident, config=c)
-    model.to(device_of(plan))
+    model.to(device_for(job.cfg.placement.device))
     return run_eval(model, processor, root, rows, plan=plan, run_dir=job.run_dir, split=job.split, label=job.label,
                     policy=str(job.policy_path.relative_to(job.run_dir)), rewards=rewards,
-                    is_vlm=c["model"]["is_vlm"], max_new_tokens=job.max_new_tokens, batch_size=job.batch_size,
+                    is_vlm=job.cfg.model.is_vlm, max_new_tokens=job.max_new_tokens, batch_size=job.batch_size,
                     suppress_token_ids=never_sampled(model, processor),
                     eos_token_ids=eos_token_ids(processor, model),
                     extra={"policy_sha256": job.policy_sha256, "max_items": job.max_items,

@@ -11,13 +11,13 @@ import time
 from arms.common import trainer_totals
 from harness import dist
 from harness.accounting.checkpoint import complete_checkpoints
-from harness.accounting.logs import ledger_summary
 from harness.eval import artifact_path, periodic_evals
+from harness.eval.during import eval_policy
 from harness.faults import point
 from harness.models import imagecache
 from harness.policy import save_final_policy
 from harness.rundir import COMPLETION, RunDir, atomic_write_json, now, read_json
-from harness.stages.train import Trained, eval_policy
+from harness.stages.train import Trained
 
 log = logging.getLogger("harness")
 
@@ -25,7 +25,7 @@ log = logging.getLogger("harness")
 def finalize(plan, run: RunDir, data, policy, trained: Trained, started: float, clock) -> dict | None:
     """completion.json's content on rank 0 (written), None on the other ranks. `clock`
     (harness.lifecycle.Phases) gets the laps eval_after and finalize; its phases go into completion.json."""
-    c, ctx, trainer = plan.config, trained.ctx, trained.trainer
+    cfg, ctx, trainer = plan.cfg, trained.ctx, trained.trainer
     save_final_policy(trainer, run.path, base_path=policy.base_path, plan=plan)
     counts = {"rank": ctx.rank, "completion_tokens": ctx.tokens_used, "completions": ctx.completions}
     counts.update({k: v for k, v in trainer_totals(trainer).items() if not k.startswith("trl_")})
@@ -34,11 +34,11 @@ def finalize(plan, run: RunDir, data, policy, trained: Trained, started: float, 
         return None  # rank 0 evaluates and finalizes; no collective follows
     evals = dict(trained.evals)
     clock.lap("finalize", mark=False)  # the final save and the gather; finalize goes on after the eval
-    if c["train"]["eval_after"]:
+    if cfg.train.eval_after:
         evals["after"] = eval_policy(plan, run.path, data, policy, label="final", policy_ref="final_policy",
                                      weights=run.path / "final_policy")
     clock.lap("eval_after")
-    before = artifact_path(run.path, c["data"]["eval_split"], "before")
+    before = artifact_path(run.path, cfg.data.eval_split, "before")
     if "before" not in evals and before.is_file():  # a resumed run evaluated its init in an earlier process
         evals["before"] = read_json(before)
     return write_completion(plan, run, ctx=ctx, trainer=trainer, train_out=trained.train_out, evals=evals,
@@ -60,13 +60,13 @@ def write_completion(plan, run, *, ctx, trainer, train_out, evals: dict, wall_s:
                      ranks: list[dict], clock, image_cache: dict | None = None) -> dict:
     """completion.json, written last by rank 0; `ranks`: every rank's own counters (gathered), which must
     match that rank's ledger. `phases_s` closes with the time it takes to write it (finalize)."""
-    c = plan.config
+    cfg = plan.cfg
     state = trainer.state
     out = {
         "status": "completed",
         "run_name": plan.run_name,
-        "arm": c["arm"]["name"],
-        "kind": plan.kind,
+        "arm": cfg.arm.name,
+        "kind": str(plan.kind),
         "optimizer_steps": state.global_step,
         "stopped_by": "budget" if ctx.stopped_by_budget else "max_steps",
         "nonfinite_steps": ctx.nonfinite_steps,  # skipped, not applied (train.max_nonfinite_steps)
@@ -77,7 +77,7 @@ def write_completion(plan, run, *, ctx, trainer, train_out, evals: dict, wall_s:
         "eval_after": _eval_summary(evals.get("after")),
         # train.eval_steps: the curve between them (each point's artifact has per-relation figures and predictions)
         "eval_points": [{k: e.get(k) for k in ("step", "completion_tokens", "accuracy", "policy_sha256", "artifact")}
-                        for e in periodic_evals(run.path, c["data"]["eval_split"])],
+                        for e in periodic_evals(run.path, cfg.data.eval_split)],
         "checkpoints": [p.name for p in complete_checkpoints(run.path)],
         "wall_time_s": round(wall_s, 3),
         "train_runtime_s": round(train_out.metrics.get("train_runtime", 0.0), 3),
@@ -88,37 +88,18 @@ def write_completion(plan, run, *, ctx, trainer, train_out, evals: dict, wall_s:
         "completed_at": now(),
     }
     out["world_size"] = len(ranks)
-    if plan.rl:
-        out.update(ledger_summary(run.path, ctx.world))
-        out["completion_token_ceiling"] = plan.budget["completion_token_ceiling"]
-        out["ranks"] = [{k: r[k] for k in ("rank", "completion_tokens", "completions")} for r in ranks]
-        if out["realized_completion_tokens"] > out["completion_token_ceiling"]:
-            raise RuntimeError(f"BUG: realized {out['realized_completion_tokens']} tokens > ceiling "
-                               f"{out['completion_token_ceiling']}")
-        if sum(r["completion_tokens"] for r in ranks) != out["realized_completion_tokens"]:
-            raise RuntimeError(f"BUG: the ranks counted {[r['completion_tokens'] for r in ranks]} tokens, their "
-                               f"ledgers hold {out['realized_completion_tokens']}")
-    else:
-        plan_lt = trainer.harness_loss_token_plan
-        trained = sum(r.get("trained_loss_tokens", 0) for r in ranks)
-        out.update(realized_loss_tokens=trained, planned_loss_tokens=plan_lt["loss_tokens"],
-                   loss_token_ceiling=plan.budget["loss_token_ceiling"], sft_rows=plan_lt["rows"],
-                   # the trainer's max_steps is the prefix's steps, so the Trainer's view says nothing: what cut
-                   # the prefix of the epoch (the loss-token cap, budget.max_steps, or the end of the epoch)
-                   stopped_by=plan_lt["limit"], stopped_by_source="sft_prefix")
-        if len(ranks) > 1:
-            out["ranks"] = [{"rank": r["rank"], "trained_loss_tokens": r.get("trained_loss_tokens", 0)} for r in ranks]
+    out.update(plan.kind.completion_fields(plan, run.path, ctx, trainer, ranks))  # the budget, checked per rank
     publish_policy(plan, run, out)
     clock.lap("finalize")
     out["phases_s"] = clock.as_dict()
     out["start_phases_s"] = dict(clock.start)  # seconds from this process's start to each phase's end (this write's)
     point(f"{plan.kind}.completion")  # tests only (harness.faults)
     atomic_write_json(run.path / COMPLETION, out)
-    if c["logger"]["wandb"] or c["logger"]["trackio"]:
+    if cfg.logger.wandb or cfg.logger.trackio:
         from harness.trackers import log_completion
 
         log_completion(out)  # eval/* and budget/* into the run's W&B / trackio run (finished when the run ends)
-    if c["logger"]["tensorboard"]:
+    if cfg.logger.tensorboard:
         from harness.trackers import log_tensorboard
 
         log_tensorboard(run.path, out)
@@ -134,11 +115,11 @@ def publish_policy(plan, run, out: dict) -> None:
     fp = run.path / "final_policy"
     point(f"{plan.kind}.model_card")  # tests only (harness.faults): the final eval done, the card still provisional
     publish_card(plan, run.path, run.manifest["identity"], out, weights_digest(fp))
-    train = plan.config["train"]
-    if train.get("push_to_hub"):
+    train = plan.cfg.train
+    if train.push_to_hub:
         from harness.hub import push_final_policy
 
-        out["pushed_to_hub"] = push_final_policy(fp, train["hub_model_id"], run_name=plan.run_name)
+        out["pushed_to_hub"] = push_final_policy(fp, train.hub_model_id, run_name=plan.run_name)
 
 
 def _peak_cuda_mb() -> float | None:

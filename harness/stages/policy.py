@@ -8,19 +8,19 @@ from pathlib import Path
 from harness import dist
 from harness.errors import FieldDiff, ResumeMismatchError
 from harness.policy import (Policy, apply_tuning, build_base, device_of, eos_token_ids, load_policy_model,
-                            load_policy_processor)
+                            load_policy_processor, model_fields)
 
 
 def init_of(plan, base_path: str) -> dict:
     """Where the trained policy starts: {"kind": sft | scratch | path, "path": ...} (sft: the parent's)."""
-    arm = plan.config["arm"]
-    if not plan.rl or arm["init"] == "scratch":
+    init = plan.kind.policy_init(plan.cfg)
+    if init in (None, "scratch"):
         return {"kind": "scratch", "path": base_path}
-    if arm["init"] == "sft":
+    if init == "sft":
         parent_dir = Path(plan.parent.run_dir)
         return {"kind": "sft", "path": str(parent_dir / "final_policy"), "parent_run": plan.parent.run_name,
                 "parent_run_dir": str(parent_dir)}
-    return {"kind": "path", "path": arm["init"]}
+    return {"kind": "path", "path": init}
 
 
 def fast_vision(model, processor, m: dict) -> None:
@@ -50,13 +50,13 @@ def build(plan, recorded: dict, corpus: list[str], run_dir: str, preflight=None)
                                   "the model files changed since this run started; restore them, or start a new "
                                   "run (another output_root)")
     init = init_of(plan, base_path)
-    m = plan.config["model"]
+    m = plan.cfg.model
     processor = load_policy_processor(init["path"], base_path=base_path, model_cfg=m)
     if preflight is not None:
         preflight(processor, context_length(base_path))
     model = load_policy_model(init["path"], base_path=base_path, model_cfg=m)
-    imagecache.install(processor, m["image_cache_mb"])
-    fast_vision(model, processor, m)
+    imagecache.install(processor, m.image_cache_mb)
+    fast_vision(model, processor, model_fields(m))
     model = apply_tuning(model, plan)
     model.to(device_of(plan))
     return Policy(model, processor, base_path, base_ident, init, never_sampled(model, processor),

@@ -32,11 +32,11 @@ _CHECKED: set[tuple] = set()
 
 def check_loadable(plan) -> None:
     """Build a pretrained checkpoint's processor, once per process and setting (a sweep's jobs share it)."""
-    m = plan.config["model"]
-    if m["source"] != "pretrained":
+    m = plan.cfg.model
+    if m.source != "pretrained":
         return
     path = plan.identity["model"]["path"]
-    key = (path, m.get("min_pixels"), m.get("max_pixels"))
+    key = (path, m.min_pixels, m.max_pixels)
     if key in _CHECKED:
         return
     from harness.policy import load_processing
@@ -45,8 +45,8 @@ def check_loadable(plan) -> None:
         load_processing(Path(path), m)
         _CHECKED.add(key)
     except Exception as err:  # noqa: BLE001  (any loader failure: say which checkpoint and why, not a traceback)
-        field = "model.path" if m.get("path") else "model.hub_id"
-        raise ConfigError([Problem(field, m.get("path") or m.get("hub_id"),
+        field = "model.path" if m.path else "model.hub_id"
+        raise ConfigError([Problem(field, m.path or m.hub_id,
                                    f"its processor cannot be built ({type(err).__name__}: {str(err).strip()[:400]})",
                                    "restore the checkpoint's tokenizer and processor files (tokenizer.json, "
                                    "tokenizer_config.json, preprocessor_config.json, chat_template.json), or use "
@@ -84,15 +84,15 @@ def _tokenizer_digest(tok) -> str:
 def _key(plan, data, processor) -> dict:
     """What a measurement depends on: the dataset's content, the processor's template, tokenizer and image bounds,
     the splits measured. Each measured part's memo file is keyed by it and the part's name."""
-    m = plan.config["model"]
+    cfg = plan.cfg
+    m, d = cfg.model, cfg.data
     tok = _tokenizer(processor)
     ip = getattr(processor, "image_processor", None)
     return {"v": PREFLIGHT_VERSION, "data": data.content_sha256,
             "template": getattr(processor, "chat_template", None) or tok.chat_template, "vocab": len(tok),
             "tok": _tokenizer_digest(tok), "ip": ip and {k: getattr(ip, k, None) for k in ("patch_size", "merge_size")},
-            "size": ip and dict(ip.size), "pixels": [m.get("min_pixels"), m.get("max_pixels")],
-            "splits": [plan.config["data"]["train_split"], plan.config["data"]["eval_split"],
-                       plan.config["data"]["eval_max_items"]]}
+            "size": ip and dict(ip.size), "pixels": [m.min_pixels, m.max_pixels],
+            "splits": [d.train_split, d.eval_split, d.eval_max_items]}
 
 
 def count_tokens(processor, root: Path, rows: list[dict], *, is_vlm: bool, completions: list[str] | None = None):
@@ -133,7 +133,7 @@ def _stats(values: list[int]) -> dict:
 def _prompts(plan, data, processor) -> dict:
     from harness.data import row_key
 
-    is_vlm = plan.config["model"]["is_vlm"]
+    is_vlm = plan.cfg.model.is_vlm
     train = count_tokens(processor, data.root, data.train_rows, is_vlm=is_vlm)
     test = count_tokens(processor, data.root, data.test_rows, is_vlm=is_vlm)
     return {"train": [n for n, _ in train], "test": [n for n, _ in test],
@@ -144,7 +144,7 @@ def _prompts(plan, data, processor) -> dict:
 def _sft_rows(plan, data, processor) -> dict:
     from harness.answers import format_answer
 
-    full = count_tokens(processor, data.root, data.train_rows, is_vlm=plan.config["model"]["is_vlm"],
+    full = count_tokens(processor, data.root, data.train_rows, is_vlm=plan.cfg.model.is_vlm,
                         completions=[format_answer(r["target"]) for r in data.train_rows])
     return {"sft_rows": [n for n, _ in full]}
 
@@ -152,7 +152,7 @@ def _sft_rows(plan, data, processor) -> dict:
 def _memoized(plan, data, processor, key: dict, part: str, measure) -> dict:
     from harness.rundir import atomic_write_json
 
-    cache = Path(plan.config["output_root"]) / "cache" / "preflight"
+    cache = Path(plan.cfg.output_root) / "cache" / "preflight"
     digest = hashlib.sha256(json.dumps({**key, "part": part}, sort_keys=True, default=str).encode()).hexdigest()
     path = cache / f"{digest[:24]}.json"
     try:
@@ -173,7 +173,7 @@ def prompt_lengths(plan, data, processor, context: int | None) -> dict:
     ConfigError when a prompt does not fit."""
     key = _key(plan, data, processor)
     measured = _memoized(plan, data, processor, key, "prompts", _prompts)
-    if not plan.rl:
+    if plan.kind.sft_rows(plan.cfg) is not None:  # whole SFT rows (prompt + answer) must fit arm.max_length
         measured = {**measured, **_memoized(plan, data, processor, key, "sft_rows", _sft_rows)}
     check(plan, data, measured, context)
     return summary(plan, measured, context)
@@ -181,7 +181,7 @@ def prompt_lengths(plan, data, processor, context: int | None) -> dict:
 
 def check(plan, data, measured: dict, context: int | None) -> None:
     """ConfigError naming the knob when a prompt (or an SFT row) does not fit; the count, the worst item, the fix."""
-    c = plan.config
+    cfg = plan.cfg
     problems = []
 
     def worst(split: str, limit: int, field: str, value, what: str, fix: str, values: list[int] | None = None):
@@ -194,18 +194,18 @@ def check(plan, data, measured: dict, context: int | None) -> None:
                                                   f"tokens (record {key} of {data.root})", fix))
 
     if context:
-        if plan.rl:
-            budget = c["arm"]["max_completion_length"]
+        budget = plan.kind.sampled_tokens(cfg)
+        if budget is not None:
             worst("train", context - budget, "arm.max_completion_length", budget,
                   f"training prompts plus this many sampled tokens exceed the model's context of {context} positions",
                   "lower model.max_pixels / model.min_pixels (fewer image tokens per image) or arm.max_completion_length, or drop the "
                   "longest records")
-        eval_new = c["train"]["eval_max_new_tokens"]
+        eval_new = cfg.train.eval_max_new_tokens
         worst("test", context - eval_new, "train.eval_max_new_tokens", eval_new,
               f"eval prompts plus this many generated tokens exceed the model's context of {context} positions",
               "lower model.max_pixels or train.eval_max_new_tokens, or drop the longest records")
     if "sft_rows" in measured:
-        max_len, need = c["arm"]["max_length"], max(measured["sft_rows"]) + 1
+        max_len, need = cfg.arm.max_length, max(measured["sft_rows"]) + 1  # measured: the kind trains on rows
         worst("train", max_len - 1, "arm.max_length", max_len,
               "SFT rows (prompt + answer) reach it: TRL would cut them, through their answer or their image tokens",
               f"raise arm.max_length to at least {need} (the SFT warm start of an RL arm: "
@@ -233,10 +233,11 @@ def describe(s: dict, plan) -> str:
     parts = [f"prompts: {t['n']} train rows, {span(t)}" if t.get("n") else "prompts: no train rows"]
     if img:
         parts.append(f"{img[0]}{'-' + str(img[-1]) if len(img) > 1 else ''} image tokens per image")
-    if plan.rl and t.get("n"):
-        longest = t["max"] + plan.config["arm"]["max_completion_length"]
+    sampled = plan.kind.sampled_tokens(plan.cfg)
+    if sampled is not None and t.get("n"):
+        longest = t["max"] + sampled
         ctx = f" of the model's {s['context']} positions" if s.get("context") else ""
         parts.append(f"longest + arm.max_completion_length = {longest}{ctx}")
     if "sft_rows" in s:
-        parts.append(f"SFT rows {span(s['sft_rows'])} below arm.max_length {plan.config['arm']['max_length']}")
+        parts.append(f"SFT rows {span(s['sft_rows'])} below arm.max_length {plan.cfg.arm.max_length}")
     return "; ".join(parts)

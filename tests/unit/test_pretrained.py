@@ -310,10 +310,24 @@ def test_eos_ids_and_unused_rows_come_from_the_checkpoint(hub_snapshot):
 def _preflight_plan(kind: str, **arm):
     from types import SimpleNamespace
 
-    return SimpleNamespace(rl=kind == "rl", kind=kind, config={
+    from harness import kinds
+
+    config = {
         "arm": {"max_completion_length": 16, "max_length": 256, **arm}, "train": {"eval_max_new_tokens": 16},
         "model": {"min_pixels": None, "max_pixels": None, "is_vlm": True}, "output_root": "/nonexistent",
-        "data": {"train_split": "train", "eval_split": "test", "eval_max_items": None}})
+        "data": {"train_split": "train", "eval_split": "test", "eval_max_items": None}}
+    return SimpleNamespace(rl=kind == "rl", kind=kinds.of(kind), config=config, cfg=_AttrView(config))
+
+
+class _AttrView:
+    """The fake plan's `cfg`: its config dict read by attribute, live (a test that edits plan.config sees it)."""
+
+    def __init__(self, d: dict):
+        self._d = d
+
+    def __getattr__(self, name):
+        v = self._d[name]
+        return _AttrView(v) if isinstance(v, dict) else v
 
 
 MEASURED = {"train": [100, 120, 110], "test": [90, 130], "train_keys": ["a", "b", "c"], "test_keys": ["d", "e"],
@@ -422,11 +436,15 @@ def test_the_policy_stage_checks_the_prompts_before_it_loads_the_weights(hub_sna
     the context from config.json, the weights come after."""
     from types import SimpleNamespace
 
+    from harness import kinds
+    from harness.config.schema import ModelConfig
+    from harness.config.typed import from_json
     from harness.stages import policy as policy_stage
 
     snap = str(hub_snapshot())
-    plan = SimpleNamespace(rl=False, config={"arm": {"init": "scratch"}, "model": {"source": "pretrained", "dtype": "float32", "min_pixels": None,
-                                                       "max_pixels": None}},
+    model = {"source": "pretrained", "dtype": "float32", "min_pixels": None, "max_pixels": None}
+    plan = SimpleNamespace(rl=False, kind=kinds.of("sft"), config={"arm": {"init": "scratch"}, "model": model},
+                           cfg=SimpleNamespace(model=from_json(ModelConfig, model)),
                            identity={"model": {"path": snap, "files_sha256": "x"}})
     monkeypatch.setattr(policy_stage, "load_policy_model", lambda *a, **k: pytest.fail("the weights were loaded"))
     seen = []

@@ -107,7 +107,9 @@ def test_a_policy_that_answers_is_not_flagged_and_one_abstaining_seed_is_named(t
 def _summary_lines(caplog, comp: dict, rl: bool = True, init: str = "sft") -> str:
     from harness.lifecycle import _summary
 
-    plan = SimpleNamespace(rl=rl, run_dir="/o/runs/grpo-x", config={
+    from harness import kinds
+
+    plan = SimpleNamespace(rl=rl, kind=kinds.of("rl" if rl else "sft"), run_dir="/o/runs/grpo-x", config={
         "arm": {"name": "grpo", "init": init},
         "budget": {"max_completion_tokens": 2048, "sft_warm_start_steps": 60, "sft_warm_start_epochs": None,
                    "max_steps": 64}})
