@@ -204,8 +204,7 @@ def execute_one(plan: Plan, parent_s: float = 0.0) -> int:
             if main:
                 log.info("run %s is already complete; nothing to do.", plan.run_name)
                 log.info("  %s", run.path)
-                logged = run.manifest["plan"]["config"]["logger"]  # what the finished run was run with
-                added = loggers_not_logged(plan.cfg.logger, logged)
+                added = loggers_not_logged(plan.cfg.logger, run.recorded_plan().cfg.logger)
                 if added:  # logger.* is not the run's identity: this command found the finished run, not a new one
                     log.info("  %s: loggers are not part of a run's identity, so this finished run is not trained "
                              "again; send its record there with: python -m harness.export %s --to %s",
@@ -240,9 +239,9 @@ def execute_one(plan: Plan, parent_s: float = 0.0) -> int:
             run.release()
 
 
-def loggers_not_logged(wanted, logged: dict) -> list[str]:
+def loggers_not_logged(wanted, logged) -> list[str]:
     """The loggers (tensorboard, wandb, trackio) this command asks for that the finished run did not log to."""
-    return [name for name in ("tensorboard", "wandb", "trackio") if getattr(wanted, name) and not logged.get(name)]
+    return [name for name in ("tensorboard", "wandb", "trackio") if getattr(wanted, name) and not getattr(logged, name)]
 
 
 def _halted(plan: Plan, run: RunDir, halt: Halted) -> int:
@@ -312,13 +311,13 @@ def _stages(plan: Plan, run: RunDir, parent_s: float, dumps) -> dict | None:
     quiet_libraries()
     _reset_peak_memory()  # completion.json's peak_cuda_mb is this run's, not the process's (a sweep's jobs)
     clock.lap("imports")  # torch, transformers and TRL: paid by the first run of a process
-    data = dist.main_first(data_stage.prepare, plan.cfg, run.manifest["identity"]["data"], run_dir=str(run.path),
+    data = dist.main_first(data_stage.prepare, plan.cfg, run.recorded("data"), run_dir=str(run.path),
                            fix="restore the dataset, or start a new run (another output_root)")  # rank 0 builds caches
     run.update(identity={"data": {"content_sha256": data.content_sha256, "root": str(data.root)}})
     log.info("data: %s (%s)", data.root, data.summary)
     data = data_stage.load_rows(plan.cfg, data)
     clock.lap("data")
-    policy = policy_stage.build(plan, run.manifest["identity"]["model"], corpus(data.train_rows + data.test_rows),
+    policy = policy_stage.build(plan, run.recorded("model"), corpus(data.train_rows + data.test_rows),
                                 str(run.path), preflight=functools.partial(preflight.run, plan, run, data))
     clock.lap("model")
     parent = plan.parent and {"run_name": plan.parent.run_name, "run_dir": plan.parent.run_dir,

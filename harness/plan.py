@@ -85,6 +85,11 @@ class Plan:
         return self.kind.round(self.cfg)
 
     @property
+    def checkpoint_dir(self) -> str | None:
+        """The pretrained checkpoint's directory the plan resolved (identity.model.path); None for a tiny model."""
+        return self.identity["model"].get("path")
+
+    @property
     def prerequisites(self) -> tuple["Prerequisite", ...]:
         """The plans this one needs run first, in the order the lifecycle runs them: the SFT warm start (role
         WARM_START, the `parent`), then a planned teacher (role TEACHER); each derived from this plan's command line

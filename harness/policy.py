@@ -147,7 +147,7 @@ def build_base(plan, corpus: list[str]) -> tuple[str, dict]:
         path = build_tiny(family=m.family, is_vlm=m.is_vlm, patch_size=m.patch_size, tiny=m.tiny,
                           corpus=corpus, cache_dir=m.cache_dir)
         return str(path), model_identity(path)
-    path = plan.identity["model"]["path"]
+    path = plan.checkpoint_dir
     return path, dict(plan.identity["model"])
 
 

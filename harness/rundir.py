@@ -128,6 +128,16 @@ class RunDir:
     def manifest_path(self) -> Path:
         return self.path / MANIFEST
 
+    def recorded(self, part: str) -> dict:
+        """identity.<part> as this run recorded it (data, model: the content digests its stages bound it to)."""
+        return self.manifest["identity"][part]
+
+    def recorded_plan(self):
+        """The plan this run was started with, as its manifest holds it (harness.plan.Plan; `.cfg` typed)."""
+        from harness.plan import Plan
+
+        return Plan.from_json(self.manifest["plan"])
+
     def set_status(self, status: str, event: dict | None = None, **extra: Any) -> None:
         """`event`: fields of this status event (e.g. a planned stop's signal and step); `extra`: top-level fields.
         A planned stop's `halt` record is kept while the run is interrupted or paused, not after."""
@@ -286,7 +296,7 @@ def mismatch_fix(path: Path, diffs: list[FieldDiff], manifest: dict) -> str:
 def claim(plan, resume: str | None = None) -> RunDir:
     """Lock plan.run_dir, apply the resume policy, and write (or update) the manifest."""
     path = Path(plan.run_dir)
-    policy = resume or plan.config["resume"]
+    policy = resume or plan.cfg.resume.value
     _check_policy(path, policy)  # refuse before creating anything
     created = not path.exists()
     fd = acquire_lock(path)

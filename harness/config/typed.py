@@ -5,7 +5,9 @@ the arm and data groups are plain dicts. `from_json(Config, plan.config)` gives 
 the arm's own config class from the registry (arms/<name>/config.py, by `arm.name`), the data option's schema
 class (the one the dict fills best), enums as enums. It is the inverse of
 `harness.identity.to_jsonable` on the plan's config (`to_jsonable(from_json(Config, d)) == d`, tested), so a
-field is read as `plan.cfg.train.eval_steps`: an editor follows it and a typo fails at import, not at step 400.
+field is read as `plan.cfg.train.eval_steps`: an editor follows it to its declaration (help, bounds, flags),
+a type checker or linter flags a misspelled one, and a misspelled one that runs fails with an AttributeError
+that names it, not with a KeyError inside a nested dict.
 
 Torch-free, no OmegaConf (a plain walk of the dataclass fields: about a millisecond per plan).
 """
@@ -39,6 +41,12 @@ def _data_class(value: dict) -> type:
     return max(SCHEMAS["data"].values(), key=fit)
 
 
+def _data_base() -> type:
+    from harness.config.schema import DataConfig
+
+    return DataConfig
+
+
 def _concrete(tp: Any, value: Any) -> Any:
     """The class a value of the annotated type `tp` is built as (Optional[X] -> X, the arm's and data's own)."""
     if typing.get_origin(tp) is typing.Union:
@@ -48,7 +56,7 @@ def _concrete(tp: Any, value: Any) -> Any:
         from arms import registry
 
         return registry()[value["name"]].config
-    if isinstance(tp, type) and dataclasses.is_dataclass(tp) and isinstance(value, dict) and "train_split" in value:
+    if isinstance(value, dict) and tp is _data_base():
         return _data_class(value)
     return tp
 

@@ -35,7 +35,7 @@ def check_loadable(plan) -> None:
     m = plan.cfg.model
     if m.source != "pretrained":
         return
-    path = plan.identity["model"]["path"]
+    path = plan.checkpoint_dir
     key = (path, m.min_pixels, m.max_pixels)
     if key in _CHECKED:
         return

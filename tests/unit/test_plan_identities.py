@@ -52,3 +52,14 @@ def test_the_typed_config_of_an_older_plan_reads():
     cfg = from_json(Config, config)
     assert cfg.arm.epochs == 1 and not hasattr(cfg.train, "a_removed_field")
     assert cfg.train == plan.cfg.train and type(cfg.data) is type(plan.cfg.data)
+
+
+def test_the_data_option_reads_back_as_its_own_schema_class():
+    from harness.config.schema import JsonlData, SyntheticData
+
+    plan = compose_plan(["arm=grpo", "debug=tiny"])
+    config = json.loads(json.dumps(plan.config))
+    assert type(from_json(Config, config).data) is SyntheticData
+    config["data"] = to_jsonable(JsonlData(name="mine", path="/data/mine"))
+    data = from_json(Config, config).data
+    assert type(data) is JsonlData and data.path == "/data/mine" and to_jsonable(data) == config["data"]

@@ -445,7 +445,7 @@ def test_the_policy_stage_checks_the_prompts_before_it_loads_the_weights(hub_sna
     model = {"source": "pretrained", "dtype": "float32", "min_pixels": None, "max_pixels": None}
     plan = SimpleNamespace(rl=False, kind=kinds.of("sft"), config={"arm": {"init": "scratch"}, "model": model},
                            cfg=SimpleNamespace(model=from_json(ModelConfig, model)),
-                           identity={"model": {"path": snap, "files_sha256": "x"}})
+                           identity={"model": {"path": snap, "files_sha256": "x"}}, checkpoint_dir=snap)
     monkeypatch.setattr(policy_stage, "load_policy_model", lambda *a, **k: pytest.fail("the weights were loaded"))
     seen = []
 
