@@ -204,7 +204,8 @@ def execute_one(plan: Plan, parent_s: float = 0.0) -> int:
             if main:
                 log.info("run %s is already complete; nothing to do.", plan.run_name)
                 log.info("  %s", run.path)
-                added = loggers_not_logged(plan.cfg.logger, run.recorded_plan().cfg.logger)
+                logged = Plan.from_json(run.manifest["plan"]).cfg.logger  # what the finished run was run with
+                added = loggers_not_logged(plan.cfg.logger, logged)
                 if added:  # logger.* is not the run's identity: this command found the finished run, not a new one
                     log.info("  %s: loggers are not part of a run's identity, so this finished run is not trained "
                              "again; send its record there with: python -m harness.export %s --to %s",

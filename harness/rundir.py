@@ -132,12 +132,6 @@ class RunDir:
         """identity.<part> as this run recorded it (data, model: the content digests its stages bound it to)."""
         return self.manifest["identity"][part]
 
-    def recorded_plan(self):
-        """The plan this run was started with, as its manifest holds it (harness.plan.Plan; `.cfg` typed)."""
-        from harness.plan import Plan
-
-        return Plan.from_json(self.manifest["plan"])
-
     def set_status(self, status: str, event: dict | None = None, **extra: Any) -> None:
         """`event`: fields of this status event (e.g. a planned stop's signal and step); `extra`: top-level fields.
         A planned stop's `halt` record is kept while the run is interrupted or paused, not after."""
