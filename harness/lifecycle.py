@@ -61,12 +61,14 @@ def execute(plan: Plan) -> int:
 
 
 def _after_warm_start(plan: Plan, ran: bool) -> Plan:
+    """The warm start just ran (`ran`): RL starts only from one that writes the answer format (check_warm_start)."""
     if ran:
         check_warm_start(plan)
     return plan
 
 
 def _after_teacher(plan: Plan, ran: bool) -> Plan:
+    """The plan with its completed teacher's final policy in identity.teacher (with_teacher_identity)."""
     if ran or _status(plan.teacher.run_dir) == "completed":
         return with_teacher_identity(plan)
     return plan
