@@ -163,6 +163,41 @@ def test_gradient_accumulation_changes_neither_samples_nor_update_of_opd(out):
         assert worst <= 2e-6, f"accumulation {ga}: weights after step 1 differ by up to {worst:.3g}"
 
 
+LENGTH_REWARD = '''"""A test's reward of its own (reward._target_): well-formed and short, each call logged to $REWARD_CALLS."""
+import json, os
+
+
+def short_answer(prompts, completions, completion_ids, trainer_state=None, **kwargs):
+    out = [(1.0 if c[0]["content"].strip().startswith("<answer>") else 0.0) - len(ids) / 32
+           for c, ids in zip(completions, completion_ids)]
+    with open(os.environ["REWARD_CALLS"], "a") as fh:
+        fh.write(json.dumps({"step": trainer_state.global_step if trainer_state else None, "n": len(out)}) + "\\n")
+    return out
+'''
+
+
+def test_gradient_accumulation_calls_your_reward_as_it_calls_the_builtin_one(out, tmp_path, monkeypatch):
+    """A reward function of your own (reward._target_ in a file) sees one call per generation round with the whole
+    round's completions whatever the accumulation, and the runs sample, score and update alike."""
+    fn = tmp_path / "my_reward.py"
+    fn.write_text(LENGTH_REWARD)
+    calls = {}
+    runs = {}
+    for ga in (1, 2):
+        calls[ga] = tmp_path / f"calls-{ga}.jsonl"
+        monkeypatch.setenv("REWARD_CALLS", str(calls[ga]))
+        runs[ga] = run(out, "arm=grpo", f"reward._target_={fn}:short_answer", f"arm.gradient_accumulation_steps={ga}",
+                       "budget.max_steps=1", "train.save_steps=1")
+    seen = {ga: [json.loads(line) for line in calls[ga].read_text().splitlines()] for ga in runs}
+    assert seen[1] == seen[2] == [{"step": 0, "n": 32}]  # one call, the round's 4 prompts x 8 generations
+    ref = runs[1]
+    assert len({t[0] for _, t in sampled(ref)}) > 1, "no reward signal within the round"
+    assert sampled(runs[2]) == sampled(ref), "accumulation 2 sampled or scored other completions"
+    m, m_ref = metrics(runs[2])[1], metrics(ref)[1]
+    for key in ("loss", "grad_norm"):
+        assert m[key] == pytest.approx(m_ref[key], rel=1e-5, abs=1e-7), (key, m[key], m_ref[key])
+
+
 def _steps(calls: list[dict]) -> dict[int, list[dict]]:
     per_step = defaultdict(list)
     for c in calls:

@@ -160,3 +160,29 @@ def test_a_warm_start_that_does_not_teach_the_format_stops_the_run(own, tmp_path
     assert "WarmStartError" in proc.stderr and "budget.sft_warm_start_steps=1" in proc.stderr
     assert "fix:" in proc.stderr and "Traceback" not in proc.stderr
     assert [p.name.split("-")[0] for p in (tmp_path / "out" / "runs").iterdir()] == ["sft"]  # no RL run dir
+
+
+def test_a_multi_pass_warm_start_paused_mid_pass_continues_to_the_same_policy(own, tmp_path):
+    """The warm start of the 32 training rows trains 60 steps over 30 passes, each in a fresh seeded order. Its own
+    command line (the plan's overrides) paused at step 25, inside a pass, then run again without the pause, is the
+    same run (its name) and ends with the very weights and logged values of the warm start that never stopped."""
+    from tests.conftest import logged_values
+
+    straight = run_dir_of(own.out, "sft")
+    plan = json.loads((straight / "run_manifest.json").read_text())["plan"]
+    assert plan["budget"]["epochs"] > 1 and "arm.epochs=null" in plan["overrides"]  # several passes
+    out = tmp_path / "out"
+    line = [o for o in plan["overrides"] if not o.startswith("output_root=")]
+    line += [f"output_root={out}", f"model.cache_dir={own.out / 'cache' / 'models'}"]
+    paused = run_harness(*line, "budget.stop_after_steps=25", timeout=600, env=PINNED)
+    assert paused.returncode == 0, paused.stderr[-3000:]
+    run = run_dir_of(out, "sft")
+    assert run.name == straight.name
+    assert json.loads((run / "run_manifest.json").read_text())["status"] == "paused"
+    again = run_harness(*line, timeout=600, env=PINNED)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resume audit passed: checkpoint-25" in again.stderr
+    assert verify(run) == []
+    assert logged_values(run) == logged_values(straight)
+    weights = "final_policy/model.safetensors"
+    assert (run / weights).read_bytes() == (straight / weights).read_bytes()
