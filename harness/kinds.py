@@ -11,7 +11,7 @@ here, one method each, and the run path asks the kind instead of testing it:
     the logs            ledger and trace (rl), reopened at a checkpoint's frontier with their counters
     the datasets        prompts with a reward function and ledger (rl) | supervised rows over passes (sft)
     evals               eval before training (rl), the eval curve's x axis (sampled tokens | steps)
-    the preflight       the sampled tokens a prompt must leave room for (rl), SFT rows against arm.max_length
+    the preflight       the sampled tokens a prompt must leave room for (rl), whole rows against arm.max_length (sft)
     completion.json     the budget fields (ledger summary, ceilings, per-rank counters) and their checks
     the display         console line, progress bar, metrics row, end-of-run summary, model card rows
 
@@ -30,6 +30,7 @@ class Kind(str):
     samples = False  # draws completions from the policy: token budget, reward, ledger, trace, generation round
     budget_unit = ""  # what the budget counts
     ceiling = ""  # the budget summary's key of the ceiling
+    trains_on_rows = False  # trains on whole rows (prompt + answer), each of which must fit arm.max_length
 
     def __new__(cls, name: str | None = None):
         if name is not None and name != cls.NAME:
@@ -73,10 +74,6 @@ class Kind(str):
 
     def sampled_tokens(self, cfg) -> int | None:
         """Tokens sampled after a training prompt at most (the preflight's room in the context), or None."""
-        return None
-
-    def sft_rows(self, cfg) -> int | None:
-        """arm.max_length when the run trains on whole SFT rows (prompt + answer), which must fit it; else None."""
         return None
 
     # --- run time
@@ -135,6 +132,7 @@ class Sft(Kind):
     NAME = "sft"
     budget_unit = "loss_tokens"
     ceiling = "loss_token_ceiling"
+    trains_on_rows = True
 
     def irrelevant_fields(self) -> list[str]:
         return ["budget.max_completion_tokens", "budget.sft_warm_start_steps", "budget.sft_warm_start_epochs",
@@ -160,9 +158,6 @@ class Sft(Kind):
             "rule": "train on the longest prefix of the planned passes (each a fresh seeded order of the training "
                     "split) whose loss tokens fit",
         }
-
-    def sft_rows(self, cfg) -> int | None:
-        return cfg.arm.max_length
 
     def trainset(self, plan, data, policy, ctx):
         from harness.trainsets import sft_dataset, sft_passes

@@ -21,6 +21,7 @@ from enum import Enum
 from typing import Any
 
 from harness.config.fields import ArmConfig
+from harness.config.schema import SCHEMAS, DataConfig
 
 
 @functools.lru_cache(maxsize=None)
@@ -30,8 +31,6 @@ def _hints(cls: type) -> dict:
 
 def _data_class(value: dict) -> type:
     """The data group's schema class of a data dict: the one it fills best (its keys matched, fewest left out)."""
-    from harness.config.schema import SCHEMAS
-
     keys = set(value)
 
     def fit(cls: type) -> int:
@@ -39,12 +38,6 @@ def _data_class(value: dict) -> type:
         return len(keys & names) - len(names - keys)
 
     return max(SCHEMAS["data"].values(), key=fit)
-
-
-def _data_base() -> type:
-    from harness.config.schema import DataConfig
-
-    return DataConfig
 
 
 def _concrete(tp: Any, value: Any) -> Any:
@@ -56,7 +49,7 @@ def _concrete(tp: Any, value: Any) -> Any:
         from arms import registry
 
         return registry()[value["name"]].config
-    if isinstance(value, dict) and tp is _data_base():
+    if isinstance(value, dict) and tp is DataConfig:
         return _data_class(value)
     return tp
 

@@ -74,17 +74,13 @@ def periodic_eval(plan, run_dir: Path, data, policy: Policy, ctx: RunContext):
 def eval_settings(plan, data, policy_sha256: str | None) -> dict:
     """What an eval artifact records besides its metrics, so that a later eval of the same weights can
     recognize it (harness.eval.REUSE_KEYS; `python -m harness.eval` reads policy_sha256 and max_items)."""
+    from harness.reward_fns import source_digests
+
     reward = plan.config["reward"]  # serialized: the artifact records it as the plan JSON has it
     return {"policy_sha256": policy_sha256, "max_items": plan.cfg.data.eval_max_items,
             "data_sha256": data.content_sha256, "reward": dict(reward),
             # the reward files as they are now (an SFT warm start's eval too: its identity leaves the reward out)
-            "reward_sources": reward_sources(reward)}
-
-
-def reward_sources(reward: dict) -> dict:
-    from harness.reward_fns import source_digests
-
-    return source_digests(reward)
+            "reward_sources": source_digests(reward)}
 
 
 def eval_before(plan, run_dir: Path, data, policy: Policy, resume: ResumePoint) -> dict:

@@ -173,7 +173,7 @@ def prompt_lengths(plan, data, processor, context: int | None) -> dict:
     ConfigError when a prompt does not fit."""
     key = _key(plan, data, processor)
     measured = _memoized(plan, data, processor, key, "prompts", _prompts)
-    if plan.kind.sft_rows(plan.cfg) is not None:  # whole SFT rows (prompt + answer) must fit arm.max_length
+    if plan.kind.trains_on_rows:  # whole SFT rows (prompt + answer) must fit arm.max_length
         measured = {**measured, **_memoized(plan, data, processor, key, "sft_rows", _sft_rows)}
     check(plan, data, measured, context)
     return summary(plan, measured, context)
