@@ -118,6 +118,7 @@ def training_kwargs(ctx: BuildContext) -> dict:
         # term runs only where a view's owner row is): with buffer broadcasts per forward, the ranks'
         # collectives would no longer pair up and the job hangs (measured). The buffers here are constants.
         ddp_broadcast_buffers=False,
+        ddp_timeout=c.placement.collective_timeout_s,  # the process group is made first (harness.dist.init), alike
         bf16=on_gpu and c.model.dtype == "bfloat16",  # on CPU: no bf16 autocast (~50% slower, docs/platform.md)
         fp16=False,
         report_to=report_to,

@@ -6,18 +6,17 @@ transformers or trl (checked by tests with `python -X importtime`).
 
 from __future__ import annotations
 
-import json
 import sys
-from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from harness.config.compose import CONF_DIR, compose
 from harness.errors import HarnessError
+from harness.halt import hand_over
 from harness.log import log, setup_logging
+from harness.plan import compose_plan  # noqa: F401  (the Plan of a command line; tests and bench import it here)
 
 
 def run(cfg: DictConfig, choices: dict | None = None, overrides: list[str] | None = None,
@@ -92,54 +91,6 @@ def _dirs(plan) -> dict[str, str]:
     return out
 
 
-_FAILED_JOBS: list[int] = []  # filled by SweepCallback in the launching process
-_INTERRUPTED_JOBS: list[tuple[int, int | None]] = []  # (job, its exit code): the same
-
-
-class SweepCallback(Callback):
-    """Hydra callback (conf/config.yaml hydra.callbacks): at the end of a multirun, in the launching process
-    whatever the launcher (basic, joblib, submitit), read <sweep dir>/jobs/*.json, write <sweep dir>/sweep.json
-    (every job: overrides, status, run dir) and remember the failures for the exit code."""
-
-    def on_multirun_end(self, config, **kwargs) -> None:
-        from harness.rundir import atomic_write_json, now
-
-        sweep_dir = Path(config.hydra.sweep.dir)
-        remove_empty_job_dirs(sweep_dir)
-        jobs = []
-        for p in sorted((sweep_dir / "jobs").glob("*.json"), key=lambda q: int(q.stem) if q.stem.isdigit() else -1):
-            try:
-                jobs.append(json.loads(p.read_text()))
-            except (OSError, ValueError) as exc:
-                jobs.append({"job": p.stem, "status": "unreadable", "error": str(exc)})
-        paused = [j.get("job") for j in jobs if j.get("status") == "paused"]  # budget.stop_after_steps: on purpose
-        # a signal (SIGTERM, Ctrl-C): a resumable checkpoint, not a failure; the same command finishes the job
-        interrupted = [j for j in jobs if j.get("status") == "interrupted"]
-        failed = [j.get("job") for j in jobs if j.get("status") not in ("completed", "paused", "interrupted")]
-        _FAILED_JOBS.extend(failed)
-        _INTERRUPTED_JOBS.extend((j.get("job"), j.get("exit_code")) for j in interrupted)
-        completed = len(jobs) - len(failed) - len(paused) - len(interrupted)
-        atomic_write_json(sweep_dir / "sweep.json", {
-            "finished_at": now(), "launcher": str(config.hydra.launcher.get("_target_", "")),
-            "jobs": len(jobs), "completed": completed, "paused": paused,
-            "interrupted": [j.get("job") for j in interrupted], "failed": failed,
-            "runs": [{k: j.get(k) for k in ("job", "status", "overrides", "run_dir", "exit_code")} for j in jobs]})
-        log.info("sweep: %d job(s), %d completed, %s%s%d failed; %s", len(jobs), completed,
-                 f"{len(paused)} paused, " if paused else "",
-                 f"{len(interrupted)} interrupted, " if interrupted else "", len(failed), sweep_dir)
-
-
-def remove_empty_job_dirs(sweep_dir: Path) -> None:
-    """Hydra's launchers make <sweep dir>/<job number>/ for every job; the harness writes nothing there (run dirs
-    come from the plan; each job's record is jobs/<n>.json): the empty ones go, so the sweep dir holds what it says."""
-    for d in sweep_dir.iterdir() if sweep_dir.is_dir() else ():
-        if d.is_dir() and d.name.isdigit():
-            try:
-                d.rmdir()  # only when empty: a launcher's own files (logs) stay
-            except OSError:
-                pass
-
-
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
 def _entry(cfg: DictConfig) -> float | None:
     from hydra.types import RunMode
@@ -148,79 +99,13 @@ def _entry(cfg: DictConfig) -> float | None:
     overrides = list(hc.overrides.task)
     if hc.mode != RunMode.MULTIRUN:
         code = run(cfg, dict(hc.runtime.choices), overrides)
+        hand_over()  # a scheduler's handler of the signal that stopped the run (submitit's requeue), if any
         if code:
             raise SystemExit(code)
         return
-    # A sweep job: a failure is recorded and the sweep goes on with the next job; a signal (harness.halt) ends
-    # the sweep after this job's checkpoint (the same sweep command continues: complete runs are skipped).
-    record = {"job": hc.job.num, "overrides": overrides, "status": "failed", "exit_code": None, "error": None}
-    from harness.halt import interrupted
+    from harness.sweep import run_job
 
-    code, value = 0, None
-    try:
-        code = run(cfg, dict(hc.runtime.choices), overrides, multirun=True)
-        record.update(status="completed" if code == 0 else "interrupted" if interrupted(code) else "failed",
-                      exit_code=code)
-        if code == 0:
-            value = record["objective"] = _objective(cfg, overrides)
-    except Exception as exc:  # noqa: BLE001  (one failing job must not end the sweep)
-        import traceback
-
-        record.update(error={"type": type(exc).__name__, "message": str(exc)[:2000],
-                             "traceback": traceback.format_exc()[-4000:]})
-        log.error("sweep job %s failed: %s: %s", hc.job.num, type(exc).__name__, exc)
-    finally:
-        _record_sweep_job(hc, record)
-    if interrupted(code):
-        log.warning("sweep: job %s was interrupted by a signal; the sweep stops here (exit %d). The same sweep "
-                    "command continues it.", hc.job.num, code)
-        raise SystemExit(code)
-    return value  # a sweeper that optimizes (hydra/sweeper=optuna) reads it; None fails its trial
-
-
-def _objective(cfg: DictConfig, overrides: list[str]) -> float | None:
-    """The finished job's `objective` (a harness.report metric, e.g. eval/accuracy), or None (a pause, no eval)."""
-    from harness.report.runs import read_run
-
-    try:
-        value = read_run(Path(_run_dir_of(overrides))).metrics.get(cfg.objective)
-    except Exception as exc:  # noqa: BLE001  (a job without a readable run has no value: the sweeper fails the trial)
-        log.warning("objective %s: not read (%s)", cfg.objective, exc)
-        return None
-    if value is not None:
-        log.info("objective %s = %.6g", cfg.objective, value)
-    return value
-
-
-def _record_sweep_job(hc, record: dict) -> None:
-    """<sweep dir>/jobs/<num>.json: the job's overrides, status and run dir (the sweep folder lists its jobs)."""
-    from pathlib import Path
-
-    from harness.rundir import MANIFEST, atomic_write_json, read_json
-
-    try:
-        record["run_dir"] = _run_dir_of(record["overrides"])
-    except Exception:  # noqa: BLE001  (a config that does not plan has no run dir)
-        record["run_dir"] = None
-    if record["status"] == "completed" and record["run_dir"]:  # exit 0 is also a pause (budget.stop_after_steps)
-        try:
-            if read_json(Path(record["run_dir"]) / MANIFEST).get("status") == "paused":
-                record["status"] = "paused"
-        except (OSError, ValueError):
-            pass
-    atomic_write_json(Path(hc.sweep.dir) / "jobs" / f"{record['job']}.json", record)
-
-
-def _run_dir_of(overrides: list[str]) -> str:
-    return compose_plan(overrides).run_dir
-
-
-def compose_plan(argv: list[str]):
-    """The Plan of a command line (its SFT parent included), composed once."""
-    from harness.plan import build_plan
-
-    cfg, choices = compose(argv)
-    return build_plan(cfg, choices, argv)
+    return run_job(cfg, hc, lambda c, choices, o: run(c, choices, o, multirun=True))
 
 
 def _needs_hydra_cli(argv: list[str]) -> bool:
@@ -350,16 +235,15 @@ def main() -> None:
         code = precheck_hydra_cli(argv)
         if code:
             raise SystemExit(code)
+        setup_logging()  # a sweep's launcher and summary lines (its jobs may run elsewhere: joblib, SLURM)
         _entry()
-        if _FAILED_JOBS:
-            log.error("sweep finished with %d failed job(s): %s (see <sweep dir>/jobs/)", len(_FAILED_JOBS),
-                      ", ".join(map(str, _FAILED_JOBS)))
-            raise SystemExit(1)
-        if _INTERRUPTED_JOBS:  # none failed: exit as the first interrupted job did (143 for SIGTERM)
-            log.warning("sweep: %d job(s) interrupted by a signal: %s; each stopped at a checkpoint: run the same "
-                        "command to finish them", len(_INTERRUPTED_JOBS), ", ".join(str(j) for j, _ in _INTERRUPTED_JOBS))
-            raise SystemExit(_INTERRUPTED_JOBS[0][1] or 1)
+        from harness.sweep import exit_code
+
+        code = exit_code()  # a sweep: 1 when a job failed, else the first interrupted job's code (143: SIGTERM)
+        if code:
+            raise SystemExit(code)
         return
     code = compose_and_run(argv)
+    hand_over()  # a scheduler's handler of the signal that stopped the run (submitit's requeue), if any
     if code:
         raise SystemExit(code)

@@ -36,13 +36,17 @@ def is_main() -> bool:
     return rank() == 0
 
 
-def init(device: str) -> None:
-    """Initialize the process group once per process (no-op for a single process)."""
+def init(device: str, timeout_s: float = 1800) -> None:
+    """Initialize the process group once per process (no-op for a single process). `timeout_s`
+    (placement.collective_timeout_s): how long a collective waits for a rank that does not come before it fails,
+    so a job whose other process or node died ends with an error instead of waiting for ever."""
     if not is_multi():
         return
+    from datetime import timedelta
+
     from accelerate import PartialState
 
-    PartialState(cpu=(device == "cpu"))
+    PartialState(cpu=(device == "cpu"), timeout=timedelta(seconds=timeout_s))
 
 
 def barrier() -> None:
@@ -87,6 +91,39 @@ def all_reduce_int(value: int, op: str) -> int:
     t = torch.tensor([int(value)], dtype=torch.int64, device=device)
     dist.all_reduce(t, op={"min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}[op])
     return int(t.item())
+
+
+class PeerLostError(HarnessError):
+    """A collective failed: another rank of the job stopped answering (its process or node died, or it hung past
+    placement.collective_timeout_s). Every file of the run is as its newest checkpoint left it: resumable (exit 12)."""
+
+    exit_code = 12
+
+    def __init__(self, detail: str, checkpoint: str | None, timeout_s: float):
+        self.detail, self.checkpoint = detail, checkpoint
+        kept = f"{checkpoint} is the newest complete checkpoint" if checkpoint else "no checkpoint was published yet"
+        super().__init__(
+            f"PeerLostError: rank {rank()} of {world_size()}: another rank of this job stopped answering in a "
+            f"collective ({detail}). Its process or machine died (its own log says why), or it hung longer than "
+            f"placement.collective_timeout_s={timeout_s:g} s. {kept}.\n"
+            "    fix: run the same command again to resume from it (on SLURM: `scontrol requeue <job id>`, or the same "
+            "sweep command; SLURM requeues a job whose node failed by itself when it was submitted with --requeue)")
+
+
+def peer_lost(exc: BaseException) -> str | None:
+    """When `exc` (raised on a rank of a multi-process job) is a failed collective, its first line; else None.
+    torch raises DistBackendError and kin, or a RuntimeError from gloo's / NCCL's transport ("Connection reset by
+    peer", "Timed out waiting ... for recv")."""
+    if not is_multi():
+        return None
+    for e in (exc, exc.__cause__, exc.__context__):
+        if e is None:
+            continue
+        name, text = type(e).__name__, str(e).strip()
+        if name in ("DistBackendError", "DistNetworkError", "DistStoreError") or (
+                isinstance(e, RuntimeError) and any(s in text.lower() for s in ("gloo", "nccl", "c10d"))):
+            return f"{name}: {(text.splitlines() or [''])[0][:300]}"
+    return None
 
 
 class RankAbort(HarnessError):

@@ -7,6 +7,10 @@ makes the n-th time (1-based, default 1) this process reaches the named point do
     kill    SIGKILL this process: a crash, no handler and no cleanup runs
     enospc  raise OSError(ENOSPC) from the write there, as a full disk would; likewise edquot (quota),
             erofs (a read-only filesystem), eacces (permission), eio (an I/O error)
+    hold    wait there until this process receives a stop signal (harness.halt) or the file named by
+            HARNESS_HOLD_FILE exists, 300 s at most, and say so with <that file>.held-<rank> while waiting: a
+            test's signal (a scheduler's, a preemption's) then lands at a known step however slow the machine or
+            the scheduler; once the test makes the file, a requeued attempt passes without waiting
 
 The points (`<kind>` is sft or rl: the SFT warm start and the RL run share a process):
 
@@ -32,7 +36,9 @@ import re
 import signal
 
 FAULT_ENV = "HARNESS_FAULT"
-ACTIONS = ("kill", "enospc", "edquot", "erofs", "eacces", "eio")
+HOLD_FILE_ENV = "HARNESS_HOLD_FILE"
+HOLD_S = 300.0
+ACTIONS = ("kill", "enospc", "edquot", "erofs", "eacces", "eio", "hold")
 _NAMED = re.compile(r"^(sft|rl)\.(start|step|checkpoint|final_policy|model_card|completion)$|^(atomic|append):.+$")
 _SPEC = re.compile(r"^(?P<point>[^@]+?)(?:@(?P<n>\d+))?:(?P<action>\w+)$")
 _seen: dict[str, int] = {}
@@ -65,5 +71,25 @@ def point(name: str) -> None:
         return
     if action == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
+    if action == "hold":
+        hold()
+        return
     code = getattr(errno, action.upper())
     raise OSError(code, f"{os.strerror(code)} (injected by {FAULT_ENV}={spec})")
+
+
+def hold() -> None:
+    """Wait until a stop signal reached this process (harness.halt.received) or HARNESS_HOLD_FILE exists (no
+    HARNESS_HOLD_FILE: no wait)."""
+    import time
+
+    from harness.halt import received
+
+    path, deadline = os.environ.get(HOLD_FILE_ENV), time.monotonic() + HOLD_S
+    if not path or os.path.exists(path):
+        return
+    held = f"{path}.held-{os.environ.get('RANK', '0')}"
+    open(held, "w").close()
+    while not received() and not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.unlink(held)

@@ -92,6 +92,8 @@ OMIT_AT_DEFAULT = {
     "budget.sft_warm_start_epochs": None, "budget.sft_warm_start_min_format": 0.5, "arm.epochs": 1,
     "reward._target_": "harness.rewards:answer_reward", "reward.convention": "trl", "reward.kwargs": {},
     "reward.components": {}, "reward.success_threshold": 1.0,
+    "placement.num_machines": 1, "placement.collective_timeout_s": 1800, "placement.cpus_per_process": None,
+    "placement.mem_gb_per_process": None,
 }
 _ABSENT = object()
 

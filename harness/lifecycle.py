@@ -26,7 +26,7 @@ from harness import dist
 from harness.config.fields import TEACHER, WARM_START
 from harness.errors import ConfigError, HarnessError, Problem, RunDirLocked
 from harness.faults import point
-from harness.halt import Halted, interrupted, signal_name
+from harness.halt import Halted, defer, interrupted, signal_name
 from harness.plan import Plan
 from harness.rundir import COMPLETION, MANIFEST, RunDir, claim, read_json
 
@@ -184,7 +184,7 @@ def execute_one(plan: Plan, parent_s: float = 0.0) -> int:
     if dist.is_multi():
         from harness.policy import device_of
 
-        dist.init(device_of(plan))
+        dist.init(device_of(plan), timeout_s=plan.cfg.placement.collective_timeout_s)
     main = dist.is_main()
     if not main:
         log.setLevel(logging.WARNING)  # one console: rank 0's
@@ -230,6 +230,9 @@ def execute_one(plan: Plan, parent_s: float = 0.0) -> int:
                                                 "traceback": traceback.format_exc()[-4000:], **rank})
             except OSError as again:  # the disk that failed the run may refuse this write too: the first error wins
                 log.warning("could not record the failure in %s: %s", run.manifest_path, again)
+            lost = dist.peer_lost(exc)
+            if lost:  # another rank died: say so in one message, not a transport's traceback
+                raise peer_lost_error(plan, run, lost) from exc
             raise
         if main:
             _summary(plan, completion)
@@ -242,22 +245,29 @@ def execute_one(plan: Plan, parent_s: float = 0.0) -> int:
             run.release()
 
 
+def peer_lost_error(plan: Plan, run: RunDir, detail: str) -> dist.PeerLostError:
+    from harness.accounting.checkpoint import complete_checkpoints
+
+    newest = complete_checkpoints(run.path)
+    return dist.PeerLostError(detail, newest[-1].name if newest else None, plan.cfg.placement.collective_timeout_s)
+
+
 def loggers_not_logged(wanted, logged) -> list[str]:
     """The loggers (tensorboard, wandb, trackio) this command asks for that the finished run did not log to."""
     return [name for name in ("tensorboard", "wandb", "trackio") if getattr(wanted, name) and not getattr(logged, name)]
 
 
 def _halted(plan: Plan, run: RunDir, halt: Halted) -> int:
-    """Mark the run interrupted / paused (not failed), say how to continue; then a scheduler's own handler of
-    the signal (submitit: requeue the job) if there is one. The exit code: 128 + the signal, 0 for a pause."""
+    """Mark the run interrupted / paused (not failed), say how to continue; a scheduler's own handler of the
+    signal (submitit: requeue the job) is deferred to the entry point (harness.halt.hand_over), which calls it
+    once a sweep job's record is written. The exit code: 128 + the signal, 0 for a pause."""
     run.set_status(halt.status, event=halt.record(), halt=halt.record())
     if dist.is_main():
         how = f"by {signal_name(halt.signum)}" if halt.signum else "at budget.stop_after_steps"
         rest = "" if halt.signum else " without budget.stop_after_steps"
         log.info("run %s %s %s after step %d (%s published); exit %d. Run the same command%s to continue.",
                  plan.run_name, halt.status, how, halt.step, halt.checkpoint, halt.exit_code, rest)
-    if halt.then is not None:
-        halt.then(halt.signum, None)
+    defer(halt.then, halt.signum)
     return halt.exit_code
 
 
@@ -377,12 +387,14 @@ class Phases:
 
 
 def _check_world(plan: Plan) -> None:
-    n = plan.cfg.placement.num_processes
+    p = plan.cfg.placement
+    n = p.world_size
     if dist.is_multi() and dist.world_size() != n:
+        field = "placement.num_processes" if p.num_machines == 1 else "placement.num_machines x placement.num_processes"
         raise ConfigError([Problem(
-            "placement.num_processes", n, f"the launcher started {dist.world_size()} processes (WORLD_SIZE)",
-            f"launch with --num_processes {n}, or set placement.num_processes={dist.world_size()} (the budget is "
-            "split across exactly these ranks)")])
+            field, n, f"the launcher started {dist.world_size()} processes (WORLD_SIZE)",
+            f"launch with --num_processes {n}, or set placement.num_processes={dist.world_size() // p.num_machines} "
+            "(the budget is split across exactly these ranks)")])
 
 
 def _status(run_dir: str) -> str | None:

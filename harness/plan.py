@@ -141,6 +141,14 @@ class Prerequisite:
         return {WARM_START: "the SFT warm start", TEACHER: "the teacher"}[self.role]
 
 
+def compose_plan(argv: list[str]) -> "Plan":
+    """The Plan of a command line (its SFT parent included), composed once."""
+    from harness.config.compose import compose
+
+    cfg, choices = compose(argv)
+    return build_plan(cfg, choices, argv)
+
+
 def build_plan(cfg: DictConfig | Config, choices: Mapping[str, Any] | None = None,
                overrides: list[str] | None = None, *, process_identity: dict | None = None) -> Plan:
     """The checked plan of a composed config. `overrides` are the command line it was composed from: an RL

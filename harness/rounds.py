@@ -133,7 +133,8 @@ class GenerationRound:
         if self.completions_per_step % shards:
             out.append(("arm.prompts_per_step", self.prompts_per_step,
                         f"prompts_per_step x num_generations ({self.completions_per_step}) must split evenly over "
-                        f"placement.num_processes x arm.gradient_accumulation_steps ({shards}) micro-batches",
+                        f"the job's {self.world} rank(s) (placement.num_machines x placement.num_processes) x "
+                        f"arm.gradient_accumulation_steps ({shards}) micro-batches",
                         f"make {self.completions_per_step} a multiple of {shards}"))
         return out
 
@@ -153,4 +154,4 @@ class GenerationRound:
 def round_of(cfg: Any) -> GenerationRound:
     """The generation round of a typed config (harness.config.schema.Config): the one place a plan's round is
     built (Plan.round through its kind, the budget summary, the arms' plan checks)."""
-    return GenerationRound.of(cfg.arm, world=cfg.placement.num_processes)
+    return GenerationRound.of(cfg.arm, world=cfg.placement.world_size)

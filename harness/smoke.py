@@ -62,7 +62,7 @@ def smoke(plan) -> int:
 
     env = {**os.environ, KILL_RUN_ENV: plan.run_name, KILL_STEP_ENV: str(kill_step)}
     first = subprocess.run(cmd, env=env)
-    ranks = c.placement.num_processes
+    ranks = c.placement.world_size
     # One process dies by the signal itself; the ranks of a multi-process job die inside the launcher, whose
     # exit code is then non-zero (and no rank got to write completion.json).
     killed = first.returncode == -signal.SIGKILL if ranks == 1 else \

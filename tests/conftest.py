@@ -261,6 +261,59 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason="needs network access; set HARNESS_NETWORK=1 (marker network)"))
 
 
+class SlurmCluster:
+    """scripts/slurm_local.sh's two-node cluster on localhost (n1, n2; partitions debug, preemptible, and high)."""
+
+    SCRIPT = REPO / "scripts" / "slurm_local.sh"
+
+    def __init__(self):
+        self.env = {"SLURM_CONF": self.client("env").stdout.strip().split("=", 1)[1]}
+        os.environ.update(self.env)  # the tests' own squeue / scontrol / sbatch, and every harness they start
+
+    def client(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+        return subprocess.run([str(self.SCRIPT), *args], capture_output=True, text=True, timeout=timeout)
+
+    def run(self, *cmd: str, check: bool = True) -> str:
+        """A SLURM client command's stdout (squeue, scontrol, sbatch, scancel)."""
+        proc = subprocess.run(list(cmd), capture_output=True, text=True, timeout=60, env={**os.environ, **self.env})
+        if check and proc.returncode:
+            raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}: {proc.stderr}")
+        return proc.stdout
+
+    def job(self, job_id: str) -> dict:
+        """`scontrol show job -o JOB` as a dict (JobState, Restarts, Reason, NodeList, ...); {} when scontrol does
+        not answer this time (a busy controller: ask again)."""
+        import re
+
+        return dict(re.findall(r"(\w+)=(\S*)", self.run("scontrol", "show", "job", "-o", job_id, check=False)))
+
+    def cancel_all(self) -> None:
+        self.run("scancel", "--partition=debug,high", check=False)
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """The cluster of the `slurm` tests, brought up once per session (installing slurm-wlm and munge with apt when
+    missing: needs root) and stopped at its end unless it was up before. Where it cannot come up the tests skip
+    with the reason; with HARNESS_REQUIRE_SLURM=1 (.ci/run) they fail instead."""
+    was_up = SlurmCluster.SCRIPT.exists() and subprocess.run(
+        [str(SlurmCluster.SCRIPT), "status"], capture_output=True, timeout=60).returncode == 0
+    if not was_up:
+        proc = subprocess.run([str(SlurmCluster.SCRIPT), "up"], capture_output=True, text=True, timeout=900)
+        if proc.returncode:
+            why = f"scripts/slurm_local.sh up failed (exit {proc.returncode}): {proc.stderr.strip()[-800:]}"
+            if os.environ.get("HARNESS_REQUIRE_SLURM") == "1":
+                pytest.fail(why)
+            pytest.skip(why)
+    cluster = SlurmCluster()
+    try:
+        yield cluster
+    finally:
+        cluster.cancel_all()
+        if not was_up:
+            cluster.client("down", timeout=300)
+
+
 def wandb_run_record(path: Path) -> dict:
     """What a W&B offline run file (`run-<id>.wandb`, LevelDB-log framed protobuf records) says of the run: name,
     group, tags, top-level config keys, the summary (JSON-decoded) and the exit code."""

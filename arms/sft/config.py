@@ -18,11 +18,12 @@ class SftArm(ArmConfig):
                               "cap and budget.max_steps stop it first when they bind", ge=1)
 
     def check(self, cfg, out) -> None:
-        shards = cfg.placement.num_processes * self.gradient_accumulation_steps
+        shards = cfg.placement.world_size * self.gradient_accumulation_steps
         if self.batch_size % shards:
             # the Trainer would floor batch_size / shards per device and silently train on fewer sequences
             lo, hi = self.batch_size // shards * shards, -(-self.batch_size // shards) * shards
             out.error("arm.batch_size", self.batch_size,
-                      f"must split evenly over placement.num_processes x arm.gradient_accumulation_steps ({shards}) "
+                      f"must split evenly over the job's {cfg.placement.world_size} rank(s) (placement.num_machines x "
+                      f"placement.num_processes) x arm.gradient_accumulation_steps ({shards}) "
                       f"micro-batches; otherwise each step would train on {lo} sequences, not {self.batch_size}",
                       f"use a multiple of {shards}, e.g. {lo or hi} or {hi}")

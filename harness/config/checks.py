@@ -331,6 +331,7 @@ def check_rollout_and_placement(cfg: Config, out: Findings) -> None:
     if p.kind is PlacementKind.single and p.num_processes != 1:
         out.error("placement.num_processes", p.num_processes, "placement=single runs one process",
                   "use placement=ddp (or fsdp/deepspeed) for several processes")
+    check_machines(cfg, out)
     if p.device not in ("auto", "cpu", "cuda"):
         out.error("placement.device", p.device, "must be auto, cpu or cuda", "use placement.device=auto")
     elif p.device == "cuda" and not cuda_visible():
@@ -353,6 +354,20 @@ def check_rollout_and_placement(cfg: Config, out: Findings) -> None:
     if cfg.logger.trackio and (not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", project) or project.startswith("registry-")):
         out.error("logger.trackio_project", project, "is not a trackio project name (letters, digits, '.', '_', '-'; "
                   "'registry-' is reserved: the project is a file name)", "use e.g. logger.trackio_project=harness")
+
+
+def check_machines(cfg: Config, out: Findings) -> None:
+    """placement.num_machines > 1: a distributed placement, one launch per machine (not the smoke self-test's)."""
+    p = cfg.placement
+    if p.num_machines == 1:
+        return
+    if p.kind is PlacementKind.single:
+        out.error("placement.num_machines", p.num_machines, "placement=single runs one process on one machine",
+                  f"use placement=ddp (placement.num_processes ranks on each of the {p.num_machines} machines)")
+    if cfg.run_mode.value == "smoke":
+        out.error("run_mode", "smoke", f"the smoke self-test relaunches its run on this machine, and "
+                  f"placement.num_machines={p.num_machines} spans several",
+                  "run the smoke test with placement.num_machines=1 (the same world size: num_processes x num_machines)")
 
 
 # --- the push to the Hub

@@ -187,10 +187,30 @@ class RolloutConfig:
 class PlacementConfig:
     name: str = f(MISSING, "option name (conf/placement/<name>.yaml)", semantic=False)
     kind: PlacementKind = f(PlacementKind.single, "single | ddp | fsdp | deepspeed", semantic=False)
-    num_processes: int = f(1, "processes (ranks) per job", semantic=False, ge=1)
+    num_processes: int = f(1, "processes (ranks) per machine: the job's world size is num_machines x num_processes", semantic=False, ge=1)
+    num_machines: int = f(
+        1, "machines (nodes) the job spans, each running placement.num_processes ranks; hydra/launcher=slurm submits one "
+        "job over that many nodes (srun starts the driver on each), elsewhere run the same command on every machine with "
+        "NODE_RANK, MASTER_ADDR and MASTER_PORT set (README: Scale-out). 2 machines x 1 process trains what 1 x 2 does",
+        semantic=False, ge=1)
+    collective_timeout_s: int = f(
+        1800, "seconds a rank waits in a collective (all-reduce, barrier, broadcast) before it stops with an error: "
+        "what bounds the wait when another rank's process or node died (torch.distributed's timeout, "
+        "TrainingArguments.ddp_timeout; a gloo peer that died ends the collective at once)", semantic=False, ge=10)
+    cpus_per_process: Optional[int] = f(
+        None, "hydra/launcher=slurm: CPUs asked per rank (the job's cpus_per_task = num_processes x this); null = 8 "
+        "on a GPU placement, 1 with placement.device=cpu or hydra/launcher=slurm_cpu", semantic=False, ge=1)
+    mem_gb_per_process: Optional[int] = f(
+        None, "hydra/launcher=slurm: memory asked per rank in GB (the job's mem_gb = num_processes x this); null = 32 "
+        "on a GPU placement, 4 with placement.device=cpu or hydra/launcher=slurm_cpu", semantic=False, ge=1)
     accelerate_config: Optional[str] = f(None, "Accelerate config file (accelerate/<placement>.yaml in the repo)", semantic=False)
     zero_stage: Optional[int] = f(None, "DeepSpeed ZeRO stage, 2 or 3 (placement=deepspeed / deepspeed_zero3 only)", semantic=False)
     device: str = f("auto", "auto (cuda when present, else cpu) | cpu | cuda", semantic=False)
+
+    @property
+    def world_size(self) -> int:
+        """The ranks of the job: num_machines x num_processes (what the budget, the round and the ledgers split over)."""
+        return self.num_machines * self.num_processes
 
 
 @dataclass

@@ -23,6 +23,9 @@ def register(with_help: bool = True) -> None:
             cs.store(group=f"schema/{group}", name=name, node=node)
     cs.store(group="hydra/help", name="harness", node=help_node() if with_help else {"template": ""})
     register_sweeps(cs)
+    from harness.slurm import register_resolvers
+
+    register_resolvers()  # conf/hydra/launcher/slurm*.yaml size the job from the placement
 
 
 def register_sweeps(cs) -> None:

@@ -95,7 +95,8 @@ def _check_ranks(chosen: Path | None, manifest: dict, run_dir: Path) -> None:
         raise RunDirStateError(
             f"{chosen.name} of {run_dir} was written by {ranks} rank(s), this launch has {dist.world_size()}: "
             "each rank resumes its own ledger, RNG state and share of the token budget.\n"
-            f"    fix: resume with placement.num_processes={ranks} (and the same placement), or start a new run "
+            f"    fix: resume with {ranks} rank(s) in all (placement.num_processes={ranks} on one machine, or "
+            f"placement.num_machines x placement.num_processes = {ranks}; the same placement), or start a new run "
             "(another output_root)")
 
 

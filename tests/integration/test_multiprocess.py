@@ -216,3 +216,42 @@ def test_driver_form_sigusr1_writes_both_ranks_stacks_and_the_run_goes_on(tmp_pa
         (stacks,) = (run / "diagnostics").glob(f"stacks-{r}-*.txt")
         assert "File " in stacks.read_text()
     check_two_rank_run(run)
+
+
+HUNG_PEER = """
+import sys, time
+import torch, torch.distributed as td
+from harness import dist
+dist.init("cpu", timeout_s=float(sys.argv[1]))
+if dist.rank() == 1:
+    time.sleep(float(sys.argv[2]))  # alive but silent: never joins the collective in time
+td.all_reduce(torch.ones(1)) if dist.rank() == 1 else None
+if dist.rank() == 0:
+    try:
+        td.all_reduce(torch.ones(1))
+        print("JOINED")
+    except Exception as exc:
+        print("LOST", dist.peer_lost(exc))
+"""
+
+
+@pytest.mark.slow  # ~35 s: a 10 s timeout, a rank silent for 25 s
+def test_the_collective_timeout_bounds_the_wait_for_a_silent_rank(tmp_path):
+    """placement.collective_timeout_s means what it says: a rank whose peer is alive but never joins a collective
+    gives up after that many seconds with an error the lifecycle reports as PeerLostError (exit 12), instead of
+    waiting until the peer wakes up; with a timeout longer than the peer's silence, the collective completes."""
+    script = tmp_path / "hung.py"
+    script.write_text(HUNG_PEER)
+
+    def launch(timeout_s: int, silent_s: int) -> str:
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                               "--master_port", str(29000 + os.getpid() % 1000), str(script), str(timeout_s),
+                               str(silent_s)], cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
+        return proc.stdout
+
+    out = launch(10, 25)  # the silent rank wakes after 25 s: the first rank gave up at 10
+    assert "LOST" in out and "JOINED" not in out, out
+    detail = out.split("LOST", 1)[1]
+    assert "None" not in detail.split("\n")[0], f"peer_lost did not recognise the timeout: {out}"
+    assert "JOINED" in launch(60, 3)

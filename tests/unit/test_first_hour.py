@@ -44,7 +44,7 @@ def test_help_lists_no_empty_group():
 def test_a_sweep_dir_keeps_no_empty_job_folders(tmp_path):
     """Item 7: Hydra's launcher makes <sweep dir>/<n>/ for every job and the harness writes nothing there: the
     sweep's end removes the empty ones (not a launcher's non-empty ones, not jobs/)."""
-    from harness.cli import SweepCallback
+    from harness.sweep import SweepCallback
 
     sweep = tmp_path / "sweep"
     for n in ("0", "1", "2"):

@@ -1,6 +1,7 @@
 """What a multirun sweep records of each job (<sweep dir>/jobs/<num>.json, read by the sweep summary): a job ended
 by SIGTERM is `interrupted` with exit 143 (its run resumable, and the sweep stops there), a pause is `paused`, an
-exception is `failed` with the error (and the sweep goes on). The job goes through harness.cli's sweep entry and the
+exception is `failed` with the error (and the sweep goes on). The job goes through harness.cli's sweep entry
+(harness.sweep.run_job) and the
 real lifecycle (plan, claim, the manifest's status); only the run's stages are replaced by how the job ends."""
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 from hydra.types import RunMode
 
-from harness import cli, lifecycle
+from harness import cli, lifecycle, sweep
 from harness.halt import Halted
 
 
@@ -87,11 +88,32 @@ def test_the_sweep_summary_counts_paused_and_interrupted_jobs_apart_from_failed_
     for num, (status, code) in enumerate([("completed", 0), ("paused", 0), ("failed", None), ("interrupted", 143)]):
         (jobs / f"{num}.json").write_text(json.dumps({"job": num, "status": status, "overrides": [f"seed={num}"],
                                                       "exit_code": code}))
-    monkeypatch.setattr(cli, "_FAILED_JOBS", [])
-    monkeypatch.setattr(cli, "_INTERRUPTED_JOBS", [])
+    monkeypatch.setattr(sweep, "_FAILED_JOBS", [])
+    monkeypatch.setattr(sweep, "_INTERRUPTED_JOBS", [])
     config = SimpleNamespace(hydra=SimpleNamespace(sweep=SimpleNamespace(dir=str(tmp_path)), launcher={}))
-    cli.SweepCallback().on_multirun_end(config)
+    sweep.SweepCallback().on_multirun_end(config)
     summary = json.loads((tmp_path / "sweep.json").read_text())
     assert (summary["jobs"], summary["completed"], summary["paused"], summary["interrupted"], summary["failed"]) == \
         (4, 1, [1], [3], [2])
-    assert cli._FAILED_JOBS == [2] and cli._INTERRUPTED_JOBS == [(3, 143)]
+    assert sweep._FAILED_JOBS == [2] and sweep._INTERRUPTED_JOBS == [(3, 143)]
+    assert sweep.exit_code() == 1  # a failed job wins over an interrupted one
+
+
+def test_a_scheduler_requeue_runs_after_the_job_is_recorded_interrupted(job, tmp_path):
+    """submitit's SIGUSR2 handler requeues the SLURM job and exits the process (sys.exit(-1)). It must run after the
+    run is marked interrupted and the sweep job's record says so: called before, the job was recorded `failed` (the
+    record's default) and the requeued attempt looked like a failure."""
+    seen = []
+
+    def submitit_handler(signum, frame):
+        record = json.loads((tmp_path / "sweep" / "jobs" / "0.json").read_text())
+        seen.append((signum, record["status"], record["exit_code"]))
+        raise SystemExit(-1)  # what submitit's handler does after `scontrol requeue`
+
+    def usr2():
+        raise Halted("interrupted", 3, "checkpoint-3", signum=signal.SIGUSR2, then=submitit_handler)
+
+    outcome, record, manifest = job(usr2)
+    assert seen == [(signal.SIGUSR2, "interrupted", 140)], "the requeue ran before the job's record was written"
+    assert isinstance(outcome, SystemExit) and outcome.code == -1  # submitit's own exit, after the record
+    assert record["status"] == "interrupted" and manifest["status"] == "interrupted"

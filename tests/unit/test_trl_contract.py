@@ -392,3 +392,10 @@ def test_evi_po_direction_term_is_a_mean_over_the_views_of_its_own_window(env):
                 assert got.item() == pytest.approx(torch.stack(alone).mean().item(), rel=1e-4), (seed, w, len(alone))
             windows.append(len(alone))
     assert len(set(windows)) > 1, f"every shuffle split the views evenly ({windows}): the test has no uneven window"
+
+
+def test_the_collective_timeout_reaches_trl_in_seconds(env):
+    """placement.collective_timeout_s is TrainingArguments.ddp_timeout (seconds: transformers turns it into the
+    timedelta it gives Accelerate's process group), the same timeout harness.dist.init gives the group it makes first."""
+    trainer, _ = build(env, "grpo", "placement.collective_timeout_s=77")
+    assert trainer.args.ddp_timeout == 77 and trainer.args.ddp_timeout_delta.total_seconds() == 77
