@@ -39,7 +39,8 @@ log = logging.getLogger("harness")
 VIA = {"nodes": "placement.num_machines", "cpus_per_task": "hydra.launcher.cpus_per_task",
        "mem_gb": "hydra.launcher.mem_gb", "gpus_per_node": "hydra.launcher.gpus_per_node"}
 POLL_S = float(os.environ.get("HARNESS_SLURM_POLL_S", "5"))  # how often the scheduler is asked (result files: 1 s)
-GRACE_S = 15.0  # a finished job's result file may lag on a shared filesystem (submitit waits as long)
+# a finished job's result file may lag on a shared filesystem (submitit waits as long)
+GRACE_S = float(os.environ.get("HARNESS_SLURM_GRACE_S", "15"))
 
 
 def launch(launcher, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:

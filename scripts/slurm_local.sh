@@ -182,16 +182,22 @@ down() {
     scancel --partition=debug,high >/dev/null 2>&1 || true
     for _ in $(seq 100); do [ -z "$(squeue -h -o %i 2>/dev/null)" ] && break; sleep 0.2; done
   fi
-  local name pid
-  for name in slurmd-n1 slurmd-n2 slurmctld slurmdbd mariadbd munged; do
-    alive "$name" || { rm -f "$pids/$name.pid"; continue; }
-    pid="$(cat "$pids/$name.pid")"
-    kill "$pid" 2>/dev/null || true
-    for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -9 "$pid" 2>/dev/null || true
+  stop slurmd-n1 slurmd-n2  # in tiers, each tier's daemons at once (each takes a second or two to exit)
+  stop slurmctld slurmdbd
+  stop mariadbd munged
+  say "down"
+}
+
+stop() {  # stop NAME...: SIGTERM to each daemon's process group (setsid: munged sits under runuser), then wait
+  local name pid live=()
+  for name in "$@"; do
+    alive "$name" && { pid="$(cat "$pids/$name.pid")"; kill -- "-$pid" 2>/dev/null || kill "$pid" 2>/dev/null; live+=("$pid"); }
     rm -f "$pids/$name.pid"
   done
-  say "down"
+  for pid in "${live[@]}"; do
+    for _ in $(seq 150); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -9 -- "-$pid" 2>/dev/null || true
+  done
 }
 
 status() {
@@ -199,6 +205,7 @@ status() {
   for name in munged mariadbd slurmdbd slurmctld slurmd-n1 slurmd-n2; do
     if alive "$name"; then echo "$name: running (pid $(cat "$pids/$name.pid"))"; else echo "$name: not started here"; fi
   done
+  alive slurmctld || return 3  # sinfo would wait ~10 s for a controller that is not there
   sinfo -N 2>/dev/null || echo "sinfo: no answer from slurmctld"
   nodes_idle || return 3
 }

@@ -44,7 +44,8 @@ class Sweep:
     def __init__(self, cluster, out: Path, *args: str, hold_at: int | None = None):
         self.cluster, self.out = cluster, out
         self.hold_file = out / "release-hold"
-        env = {**os.environ, **PINNED, "HARNESS_SLURM_POLL_S": "2", "HARNESS_HOLD_FILE": str(self.hold_file)}
+        env = {**os.environ, **PINNED, "HARNESS_SLURM_POLL_S": "2", "HARNESS_SLURM_GRACE_S": "5",
+               "HARNESS_HOLD_FILE": str(self.hold_file)}  # a local disk: no result file lags
         if hold_at is not None:
             env["HARNESS_FAULT"] = f"rl.step@{hold_at}:hold"
         env.pop("HYDRA_FULL_ERROR", None)
