@@ -4,8 +4,8 @@ up on a real cluster (the class: hydra_plugins.harness_slurm.launcher.SlurmLaunc
 - Before anything is submitted, the request is checked against `sinfo` (nodes, CPUs and memory per node, GPUs of
   the partition), and an sbatch refusal becomes a ConfigError that names the field (exit 2), not a traceback.
 - Jobs are waited for with harness.slurm.states (scontrol, then sacct when the cluster has accounting): a job
-  that died without a result (killed, out of memory, node lost) ends as `failed` within about a poll interval,
-  where submitit's own wait needs sacct and, without it, waited for ever. A requeued job (submitit's SIGUSR2,
+  that died without a result (killed, out of memory, node lost) ends as `failed` within a poll interval and a grace
+  (POLL_S + GRACE_S: 5 + 15 s), where submitit's own wait needs sacct and, without it, waited for ever. A requeued job (submitit's SIGUSR2,
   a preemption, `scontrol requeue`) is PENDING again, and is waited for until its last attempt ends.
 - Each job's record (<sweep dir>/jobs/<n>.json, written by the job: harness.sweep) gets the scheduler's side: the
   final state, exit code and restarts; a job that wrote no record of its last attempt is `failed`, with the log.
@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, filter_overrides
@@ -48,6 +49,11 @@ def launch(launcher, job_overrides: Sequence[Sequence[str]], initial_job_idx: in
     from harness.log import setup_logging
 
     setup_logging()  # the launching process runs no job: its console is this launcher's lines
+    missing = [c for c in ("sbatch", "srun", "scontrol") if shutil.which(c) is None]
+    if missing:  # submitit would raise a RuntimeError from deep inside the sweep
+        refuse(ConfigError([Problem("hydra/launcher", "slurm", f"SLURM's {', '.join(missing)} not found on PATH: this "
+                                    "machine is not a SLURM client", "run the sweep on a machine of the cluster (a "
+                                    "login node), or use hydra/launcher=joblib on this one")]))
     problems = slurm.request_problems(launcher.params, slurm.partitions(), VIA)
     if problems:
         refuse(ConfigError(problems))
@@ -79,10 +85,6 @@ def submit(launcher, job_overrides, initial_job_idx: int) -> list:
         return executor.map_array(launcher, *zip(*job_params))
     except FailedJobError as exc:
         refuse(ConfigError([slurm.sbatch_problem(str(exc), params)]))
-    except FileNotFoundError as exc:
-        refuse(ConfigError([Problem("hydra/launcher", "slurm", f"SLURM's sbatch is not here ({exc})",
-                                    "run the sweep on a machine of the cluster (a login node), or use "
-                                    "hydra/launcher=joblib on this one")]))
     return []
 
 

@@ -195,3 +195,14 @@ def test_placements_over_machines_that_cannot_run_are_refused_at_plan_time(plan_
     with pytest.raises(ConfigError) as err:
         plan_of(*overrides)
     assert says in str(err.value), str(err.value)
+
+
+def test_a_slurm_sweep_where_there_is_no_slurm_says_so(tmp_path):
+    """No sbatch (a laptop, a node without SLURM's client): exit 2 naming the launcher and what to do, no traceback."""
+    import sys
+
+    proc = run_harness("-m", "hydra/launcher=slurm_cpu", "arm=sft", "debug=tiny", f"output_root={tmp_path}",
+                       env={"PATH": str(Path(sys.executable).parent)}, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "hydra/launcher = 'slurm': SLURM's sbatch, srun, scontrol not found on PATH" in proc.stderr, proc.stderr
+    assert "fix: run the sweep on a machine of the cluster" in proc.stderr and "Traceback" not in proc.stderr
