@@ -2,8 +2,8 @@
 accounting, so no sacct), through `hydra/launcher=slurm_cpu` exactly as the README runs them:
 
 - a sweep of two jobs completes, each job's record naming its SLURM job;
-- submitit's SIGUSR2 and a preemption by a job of the higher-priority partition each stop a grpo job after its
-  step with a checkpoint; the job is requeued (same job id, SLURM_RESTART_COUNT=1), resumes, passes the resume
+- submitit's SIGUSR2, a preemption by a job of the higher-priority partition and `scontrol requeue` (SIGTERM)
+  each stop a grpo job after its step with a checkpoint; the job is requeued (same job id, SLURM_RESTART_COUNT=1), resumes, passes the resume
   audit, and ends bit for bit equal to this session's uninterrupted run (tests/conftest.py TinyRuns);
 - one run over two nodes (placement.num_machines=2, one rank per node) trains what one node with two ranks trains,
   bit for bit, straight or stopped by SIGUSR2 and requeued; a rank killed on one node ends both sides at once with
@@ -156,11 +156,13 @@ def test_a_sweep_of_two_jobs_completes_with_each_slurm_job_recorded(slurm_cluste
     assert len(ids) == 2 and all(re.fullmatch(r"\d+_[01]", i) for i in ids), ids  # one array, a task per job
 
 
-@pytest.mark.parametrize("how", ["scancel --signal=USR2", "preemption"])
-def test_a_stopped_job_is_requeued_resumes_and_ends_bit_for_bit(slurm_cluster, tiny, tmp_path, how):
+@pytest.mark.parametrize("how, sig", [("scancel --signal=USR2", "SIGUSR2"), ("preemption", "SIGUSR2"),
+                                      ("scontrol requeue", "SIGTERM")])
+def test_a_stopped_job_is_requeued_resumes_and_ends_bit_for_bit(slurm_cluster, tiny, tmp_path, how, sig):
     """submitit's requeue signal (SIGUSR2: the time-limit warning, or at once on a preemption with
-    preempt_send_user_signal) after step 2: the step finishes, checkpoint-3 is published, the job is requeued under
-    its id and resumes from it. On main before this change the job exited 140 and SLURM recorded it FAILED."""
+    preempt_send_user_signal), or the SIGTERM of `scontrol requeue`, after step 2: the step finishes, checkpoint-3
+    is published, the job is requeued under its id (by submitit for SIGUSR2, by SLURM itself for the requeue) and
+    resumes from it. On main before this change SIGUSR2 ended the job with exit 140, FAILED, never requeued."""
     out = tiny.case(tmp_path / "out")  # the warm start copied: the job trains grpo only
     sweep = Sweep(slurm_cluster, out, *tiny.ARGS, *tiny.cache, hold_at=2)
     job = sweep.job_id()
@@ -169,16 +171,19 @@ def test_a_stopped_job_is_requeued_resumes_and_ends_bit_for_bit(slurm_cluster, t
         node = slurm_cluster.job(job)["NodeList"]
         preemptor = slurm_cluster.run("sbatch", "--parsable", "-p", "high", "-w", node, "-n1", "-o",
                                       str(tmp_path / "preemptor.log"), "--wrap", "sleep 3").strip()
+    elif how == "scontrol requeue":
+        slurm_cluster.run("scontrol", "requeue", job)
     else:
         slurm_cluster.run("scancel", "--signal=USR2", job)
     assert sweep.finish(job) == 0, sweep.text()[-3000:]
     record = sweep.record()
     assert record["status"] == "completed" and record["slurm"]["job_id"] == job, record
     assert record["slurm"]["restart_count"] == 1 and record["slurm"]["state"] == "COMPLETED", record["slurm"]
-    assert [(a["status"], a["exit_code"]) for a in record["attempts"]] == [("interrupted", 140)], record["attempts"]
+    code = 140 if sig == "SIGUSR2" else 143
+    assert [(a["status"], a["exit_code"]) for a in record["attempts"]] == [("interrupted", code)], record["attempts"]
     run = run_dir_of(out, "grpo")
     events = json.loads((run / "run_manifest.json").read_text())["events"]
-    assert [(e.get("signal"), e.get("step")) for e in events if e["status"] == "interrupted"] == [("SIGUSR2", 3)]
+    assert [(e.get("signal"), e.get("step")) for e in events if e["status"] == "interrupted"] == [(sig, 3)]
     assert json.loads((run / "audits" / "resume-1-rank-0.json").read_text())["status"] == "passed"
     tiny.assert_same(out)  # weights, logged values, ledger and trace of the run that never stopped
     if how == "preemption":
