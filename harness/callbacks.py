@@ -46,6 +46,9 @@ class RunContext:
     pending_eval: tuple[int, dict] | None = None  # (step, eval_* logs) of a periodic eval, until its row is written
     eval_s: float = 0.0  # seconds of periodic evals in this process (not training time)
     trace_pending: int = 0  # trace rows sampled but held for their loss's fields (HarnessReward.hold_trace)
+    round_rows: tuple[int, list] | None = None  # (step, this rank's scored completions) of the round just sampled
+    signal: object | None = None  # harness.learning.Monitor of an RL run whose update the reward drives
+    signal_metrics: dict | None = None  # the last round's signal/* values for the metrics row
 
     def frontier(self) -> dict:
         if self.trace_pending:  # a checkpoint would bind a trace without them: they would be lost on resume
@@ -86,6 +89,38 @@ class BudgetCallback(TrainerCallback):
                 control.should_save = True  # the last step is a (permanent) checkpoint
                 log.info("budget: stopping after step %d: %d tokens used, the next step could need %d more "
                          "(share %d)", state.global_step, c.tokens_used, next_cost, c.token_share)
+        return control
+
+
+class SignalCallback(TrainerCallback):
+    """The learning-signal monitor (harness.learning): after a step that sampled a round, every rank's counts of
+    it are gathered (the same merged round on every rank), the monitor judges the window, and rank 0 says once
+    when the reward can no longer move the policy. Training goes on: a comparison keeps its budget parity."""
+
+    def __init__(self, ctx: RunContext):
+        self.ctx = ctx
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        mon = self.ctx.signal
+        if mon is not None and mon.finding is not None and self.ctx.rank == 0:  # established before a resume
+            log.warning("NO LEARNING SIGNAL (before this resume): %s\n  %s", mon.finding["text"], mon.finding["fix"])
+        return control
+
+    def on_step_end(self, args, state, control, **kwargs):
+        from harness.learning import RoundStats, no_update_cause
+
+        c = self.ctx
+        if c.round_rows is None or c.signal is None:
+            return control
+        step, rows = c.round_rows
+        c.round_rows = None
+        merged = RoundStats.merge(dist.all_gather(RoundStats.of_rows(step, rows)))
+        found = c.signal.observe(merged)
+        c.signal_metrics = {**merged.metrics(),
+                            "signal/no_update": int(c.signal.finding is not None
+                                                    and no_update_cause(merged, c.signal.schema_reward) is not None)}
+        if found is not None and c.rank == 0:
+            log.warning("NO LEARNING SIGNAL: %s\n  %s", found["text"], found["fix"])
         return control
 
 

@@ -20,6 +20,7 @@ Torch-free at import (the planner reads it); what needs torch is imported inside
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 
@@ -99,6 +100,10 @@ class Kind(str):
     def used(self, comp: dict) -> str:
         """The budget used, from completion.json: '1234/2048 tokens'."""
         raise NotImplementedError
+
+    def learning_signal(self, plan, run_path, world: int, eval_before: dict | None) -> dict:
+        """completion.json's `learning_signal` (harness.learning): {} for a kind that samples nothing."""
+        return {}
 
     def curve_point(self, point: dict) -> str:
         """Where an eval point of train.eval_steps sits on the run's x axis."""
@@ -251,6 +256,43 @@ class Rl(Kind):
         ctx.tokens_used, ctx.completions = totals.get("completion_tokens", 0), totals.get("completions", 0)
         ctx.token_share = ctx.plan.budget["completion_token_ceiling"] // ctx.world
         ctx.round = ctx.plan.round
+        ctx.signal = self._monitor(ctx.plan)
+        if ctx.signal is not None and resume.checkpoint is not None:  # the window goes on from the checkpoint's
+            from harness.learning import rounds_of_rows, trace_rows
+
+            for r in rounds_of_rows(trace_rows(ctx.run_dir, ctx.world, up_to_step=resume.manifest["step"])):
+                ctx.signal.observe(r)
+
+    @staticmethod
+    def _monitor(plan):
+        """The learning-signal monitor of this plan, None where the reward does not drive the update (opd)."""
+        from harness.config.schema import BUILTIN_REWARD
+        from harness.learning import Monitor
+
+        cfg = plan.cfg
+        extra = cfg.arm.reward_free_terms()
+        if extra is None:
+            return None
+        return Monitor(cfg.train.signal_window, arm=cfg.arm.name, extra_terms=extra,
+                       schema_reward=cfg.reward._target_ == BUILTIN_REWARD and not cfg.reward.components)
+
+    def learning_signal(self, plan, run_path, world: int, eval_before: dict | None) -> dict:
+        from harness.accounting.logs import METRICS_PATH, read_rows
+        from harness.learning import at_ceiling, rounds_of_rows, summary, trace_rows
+
+        mon = self._monitor(plan)
+        out = {}
+        if mon is not None:
+            out = summary(rounds_of_rows(trace_rows(run_path, world)), mon.window, schema_reward=mon.schema_reward,
+                          arm=mon.arm, extra_terms=mon.extra_terms)
+            found = out["no_update"]
+            metrics = Path(run_path) / METRICS_PATH
+            if found is not None and metrics.is_file():  # the gradient the measured steps had (TRL's grad_norm)
+                norms = [r["grad_norm"] for r in read_rows(metrics) if isinstance(r.get("grad_norm"), (int, float))
+                         and found["since_step"] <= r["step"] <= found["until_step"] + plan.round.cycle - 1]
+                found["grad_norm_max"] = max(norms) if norms else None
+        out["eval_before_at_ceiling"] = at_ceiling(eval_before, plan.cfg.data.eval_split)
+        return {"learning_signal": out}
 
     def evaluates_init(self, cfg) -> bool:
         return cfg.train.eval_before
@@ -295,7 +337,7 @@ class Rl(Kind):
         return ctx.tokens_used * ctx.world, ctx.plan.budget["completion_token_ceiling"]
 
     def metrics_fields(self, ctx) -> dict:
-        return {"budget/tokens_used_rank0": ctx.tokens_used}
+        return {"budget/tokens_used_rank0": ctx.tokens_used, **(ctx.signal_metrics or {})}
 
     def card_budget_rows(self, comp: dict) -> list[tuple[str, str, str]]:
         return [("sampled completion tokens", f"{comp['completion_token_ceiling']} (budget.max_completion_tokens)",

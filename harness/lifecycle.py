@@ -445,7 +445,7 @@ def _summary(plan: Plan, comp: dict) -> None:
             + f"; total {sum(phases.values()):.1f}" + _first_step_text(comp.get("start_phases_s") or {}))
     for line in lines:
         log.info("%s", line)
-    for line in _no_signal_lines(plan, before, after):
+    for line in _no_signal_lines(plan, before, after) + _learning_lines(comp.get("learning_signal") or {}):
         log.warning("%s", line)
 
 
@@ -457,6 +457,23 @@ def _first_step_text(marks: dict) -> str:
         return ""
     own = f"; first step done at {max(0.0, first - parent):.1f} s after the run's own start"
     return own + (f" ({first:.1f} s counting its parent)" if parent else "")
+
+
+def _learning_lines(signal: dict) -> list[str]:
+    """completion.json's learning_signal (harness.learning), as the end-of-run summary says it."""
+    out = []
+    found = signal.get("no_update")
+    if found:
+        until = ("to the end of training" if found.get("recovered_at") is None
+                 else f"until step {found['recovered_at']}")
+        grad = found.get("grad_norm_max")
+        grad = f"; grad_norm at most {grad:.3g} over those steps" if isinstance(grad, (int, float)) else ""
+        out += [f"NO LEARNING SIGNAL from step {found['since_step']} {until} ({found['rounds']} rounds{grad}): "
+                f"{found['text']}", f"  {found['fix']}"]
+    ceiling = signal.get("eval_before_at_ceiling")
+    if ceiling:
+        out += [f"NOTHING LEFT TO LEARN: {ceiling['text']}.", f"  {ceiling['fix']}"]
+    return out
 
 
 def _no_signal_lines(plan: Plan, before: dict, after: dict) -> list[str]:

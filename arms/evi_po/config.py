@@ -26,6 +26,12 @@ class EviPoArm(GrpoArm):
     def any_term(self) -> bool:
         return self.lambda_direction > 0 or self.lambda_evidence > 0 or self.eta1 > 0
 
+    def reward_free_terms(self) -> list[str] | None:
+        own = [t for t, on in (("the direction term (arm.lambda_direction)", self.lambda_direction > 0),
+                               ("the evidence term (arm.lambda_evidence)", self.lambda_evidence > 0),
+                               ("the entropy term (arm.eta1)", self.eta1 > 0)) if on]
+        return super().reward_free_terms() + own
+
     def check(self, cfg, out) -> None:
         super().check(cfg, out)
         require_images(cfg, out)

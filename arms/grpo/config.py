@@ -53,6 +53,9 @@ class GrpoArm(ArmConfig):
     steps_per_generation: int = f(1, "optimizer steps served by one generation batch (prompts_per_step x this many prompts); TRL shuffles the batch's completions and each step trains on prompts_per_step x num_generations of them, mixed across the batch's prompts (not whole groups; advantages stay full-group)", ge=1)
     mask_truncated_completions: bool = f(True, "exclude truncated completions from the loss (they still count in the budget)")
 
+    def reward_free_terms(self) -> list[str] | None:
+        return ["the KL to the reference (arm.beta)"] if self.beta > 0 else []
+
     def check(self, cfg, out) -> None:
         check_init(self, out)
         check_round(self, cfg, out)

@@ -42,6 +42,9 @@ class OpdArm(ArmConfig):
 
         return self.teacher if self.teacher in registry() and self.teacher != self.name else None
 
+    def reward_free_terms(self) -> list[str] | None:
+        return None  # the divergence to the teacher drives the update: the reward only scores (the monitor is off)
+
     def check(self, cfg, out) -> None:
         from arms import registry
 

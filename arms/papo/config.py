@@ -32,6 +32,12 @@ class PapoArm(GrpoArm):
     def any_term(self) -> bool:
         return self.needs_masked or self.eta1 > 0
 
+    def reward_free_terms(self) -> list[str] | None:
+        own = [t for t, on in (("KL_prcp (arm.gamma)", self.gamma > 0), ("the entropy term (arm.eta1)", self.eta1 > 0),
+                               ("the masked entropy term (arm.eta2)", self.eta2 > 0 and self.recompute_masked_with_grad))
+               if on]
+        return super().reward_free_terms() + own
+
     def check(self, cfg, out) -> None:
         super().check(cfg, out)
         require_images(cfg, out)

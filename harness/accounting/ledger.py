@@ -80,7 +80,7 @@ class HarnessReward:
         truncated = [cut_at_eos(ids, self.eos)[1] for ids in completion_ids]
         # every reward function is called before any ledger row is written: a failing call leaves no trace of the step
         traces = self.rewards.score(prompts, completions, completion_ids, records, truncated, trainer_state)
-        rewards, held = [], []
+        rewards, held, signal = [], [], []
         for j, (ids, record, tr) in enumerate(zip(completion_ids, records, traces)):
             slot, gen = rnd.slot(ctx.rank, j)
             cid = f"{self.tag}:{step}:{slot}:{gen}"
@@ -98,6 +98,9 @@ class HarnessReward:
             ctx.tokens_used += len(ids)
             ctx.completions += 1
             rewards.append(tr.total)
+            signal.append({"completion_id": cid, "reward": tr.total, "parser_error": tr.parser_error,
+                           "correct": tr.correct, "truncated": tr.truncated})
+        ctx.round_rows = (step, signal)  # the learning-signal monitor's view of this round (harness.learning)
         ctx.ledger.flush()
         if self._held is not None:
             self._held, self._missing = held, set(range(n))

@@ -134,3 +134,10 @@ class ArmConfig:
         """Parts of the plan's identity beyond config, data and model (after check passed), e.g. opd's teacher:
         {part: {field: value}}; a field ending in sha256 that changes refuses a resume (harness.rundir)."""
         return {}
+
+    def reward_free_terms(self) -> list[str] | None:
+        """The learning-signal monitor (harness.learning): the arm's active loss terms that move the policy without
+        the reward's group advantages (papo's KL_prcp, evi_po's direction term), [] when the reward's advantages are
+        the whole update (GRPO with beta 0), None when the monitor does not apply (an update that is not driven by
+        the reward, e.g. opd's divergence to its teacher)."""
+        return []

@@ -252,6 +252,7 @@ class TrainConfig:
     push_to_hub: bool = f(False, "after the final eval, push final_policy/ (weights, processor, model card) to the Hugging Face Hub repo train.hub_model_id; refused at plan time without an HF token or a reachable Hub", semantic=False, derived=())
     hub_model_id: Optional[str] = f(None, "the Hub repo (<user or org>/<name>) train.push_to_hub pushes to; required with it", semantic=False, derived=())
     hang_timeout_s: Optional[float] = f(None, "hang watchdog: when no optimizer step completes in this many seconds, every thread's stack goes to <run_dir>/diagnostics/hang-<rank>-<time>.txt (training goes on); null = off", semantic=False, gt=0)
+    signal_window: int = f(4, "RL: the learning-signal monitor's window in generation rounds: when this many rounds in a row give the reward no way to move the policy (every group's rewards equal, or with the built-in reward no well-formed answer), the console says so once with the cause and the fixes, and completion.json's learning_signal records it; the run goes on (budget parity first)", semantic=False, ge=1)
 
 
 @dataclass

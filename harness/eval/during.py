@@ -90,9 +90,14 @@ def eval_before(plan, run_dir: Path, data, policy: Policy, resume: ResumePoint) 
         return {}
     out = {}
     if dist.is_main():
+        from harness.learning import at_ceiling
+
         out["before"] = (reuse_parent_eval(plan, run_dir, data, policy)
                          or eval_policy(plan, run_dir, data, policy, label="before", policy_ref=policy.init["path"],
                                         weights=policy.init["path"]))
+        ceiling = at_ceiling(out["before"], plan.cfg.data.eval_split)
+        if ceiling is not None:  # said before the first step: the researcher may stop here
+            log.warning("NOTHING LEFT TO LEARN: %s.\n  %s", ceiling["text"], ceiling["fix"])
     dist.barrier()
     return out
 

@@ -176,15 +176,49 @@ def _and(items: list[str]) -> str:
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
-def indistinguishable_text(found: dict, size: str | None = None) -> str:
-    """One line for one set of `indistinguishable`: on which seeds, which metrics and their values."""
+def indistinguishable_text(found: dict, causes: list[str] | None = None) -> str:
+    """One line for one set of `indistinguishable`: on which seeds, which metrics and their values, and what the
+    runs measured about their learning signal (`causes`: `measured_causes`)."""
     names = dict(SAME_METRICS)
     what = [f"{names[k]} {' / '.join(_fmt(k, v) for v in found['values'][k])}" for k in found["metrics"]]
     seeds = found["seeds"]
-    at = f" ({size})" if size else ""
-    return (f"Seed by seed (seed{'s' if len(seeds) != 1 else ''} {' / '.join(map(str, seeds))}) they have the same "
-            f"{_and(what)}. The comparison between them carries no signal at this size{at}: their runs produced the "
-            "same numbers, so every paired difference is exactly 0 and says nothing about the arms.")
+    text = (f"Seed by seed (seed{'s' if len(seeds) != 1 else ''} {' / '.join(map(str, seeds))}) they have the same "
+            f"{_and(what)}. The comparison between them carries no signal: their runs produced the same numbers, so "
+            "every paired difference is exactly 0 and says nothing about the arms.")
+    if causes:
+        return f"{text} Measured: {'; '.join(causes)}."
+    return (f"{text} No run of theirs lost its learning signal (their completion.json learning_signal: groups with "
+            "different rewards), so the cause is not a flat reward.")
+
+
+def _cause(found: dict) -> str:
+    """'no update from the reward from step 1 to the end (not one well-formed answer: unbalanced_tags 100%)'."""
+    until = "to the end" if found.get("recovered_at") is None else f"until step {found['recovered_at']}"
+    if found.get("cause") == "no_well_formed":
+        errs = ", ".join(f"{k} {100 * v / max(1, found.get('completions') or 1):.0f}%"
+                         for k, v in (found.get("parser_errors") or {}).items())
+        why = f"not one well-formed answer{': ' + errs if errs else ''}"
+    else:
+        why = (f"every group's rewards equal; {100 * (found.get('well_formed') or 0):.0f}% well-formed, "
+               f"{100 * (found.get('correct') or 0):.0f}% correct")
+    return f"no update from the reward from step {found.get('since_step')} {until} ({why})"
+
+
+def measured_causes(conditions: list) -> list[str]:
+    """For each condition with runs whose completion.json says the reward gave no update (harness.learning), what
+    they measured: "`grpo` (seeds 0, 1): no update from the reward from step 1 to the end (...)"."""
+    out = []
+    for c in conditions:
+        found = [(r.seed, ((r.completion or {}).get("learning_signal") or {}).get("no_update")) for r in c.runs]
+        found = [(seed, f) for seed, f in found if f]
+        if not found:
+            continue
+        texts = {}
+        for seed, f in found:
+            texts.setdefault(_cause(f), []).append(seed)
+        out.extend(f"`{c.label}` (seed{'s' if len(seeds) != 1 else ''} {', '.join(map(str, seeds))}): {t}"
+                   for t, seeds in texts.items())
+    return out
 
 
 # --- a group of the report
@@ -233,6 +267,7 @@ def group_signal(group, split: str | None) -> dict:
     for s in same:
         warnings.append({"kind": "indistinguishable", "conditions": s["conditions"],
                          "headline": f"{_and([f'`{c}`' for c in s['conditions']])} cannot be told apart",
-                         "text": indistinguishable_text(s, size), "fix": None})
+                         "text": indistinguishable_text(s, measured_causes(
+                             [c for c in group.conditions if c.label in s["conditions"]])), "fix": None})
     return {"abstains_everywhere": abstaining, "indistinguishable": same, "size": size, "warnings": warnings,
             "no_signal": bool(warnings)}

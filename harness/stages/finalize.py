@@ -89,6 +89,7 @@ def write_completion(plan, run, *, ctx, trainer, train_out, evals: dict, wall_s:
     }
     out["world_size"] = len(ranks)
     out.update(plan.kind.completion_fields(plan, run.path, ctx, trainer, ranks))  # the budget, checked per rank
+    out.update(plan.kind.learning_signal(plan, run.path, len(ranks), out["eval_before"]))  # harness.learning
     publish_policy(plan, run, out)
     clock.lap("finalize")
     out["phases_s"] = clock.as_dict()

@@ -15,8 +15,8 @@ from arms.common import BuildContext, trainer_totals
 from harness import dist
 from harness.accounting.logs import METRICS_PATH, AppendLog, Frontier
 from harness.callbacks import (BudgetCallback, CheckpointCallback, FirstStepCallback, HaltCallback, MetricsCallback,
-                               NonFiniteCallback, QuietProgressCallback, RunContext, TrackioCallback,
-                               WatchdogCallback)
+                               NonFiniteCallback, QuietProgressCallback, RunContext, SignalCallback,
+                               TrackioCallback, WatchdogCallback)
 from harness.errors import NonFiniteError, Problem
 from harness.diagnostics import StackDumps
 from harness.eval.during import eval_before, periodic_eval
@@ -61,7 +61,8 @@ def build(plan, run_dir: Path, data, policy: Policy, ctx: RunContext, resume: Re
     checkpoints = CheckpointCallback(ctx, keep_last=cfg.train.keep_last)
     periodic = periodic_eval(plan, run_dir, data, policy, ctx) if cfg.train.eval_steps else None
     callbacks = [BudgetCallback(ctx), HaltCallback(ctx, halt or Halt(), cfg.budget.stop_after_steps),
-                 MetricsCallback(ctx, console=cfg.logger.console), *([periodic] if periodic else []), checkpoints]
+                 SignalCallback(ctx), MetricsCallback(ctx, console=cfg.logger.console),
+                 *([periodic] if periodic else []), checkpoints]
     callbacks.append(NonFiniteCallback(ctx, cfg.train.max_nonfinite_steps))  # last: it can veto the save
     if dumps is not None:
         callbacks.append(WatchdogCallback(dumps))

@@ -152,10 +152,32 @@ def test_conditions_with_identical_accuracy_tokens_and_reward_are_said_to_carry_
     (w,) = [w for w in rep["groups"][0]["signal"]["warnings"] if w["kind"] == "indistinguishable"]
     assert w["headline"] == "`grpo` and `papo` cannot be told apart"
     for what in ("eval accuracy 0.250 / 0.250", "realized tokens 400 / 400", "train reward", "-0.016 / -0.016",
-                 "no signal at this size (debug=tiny)"):
+                 "carries no signal: their runs produced the same numbers", "the cause is not a flat reward"):
         assert what in w["text"], what
+    assert "at this size" not in w["text"] and "debug=tiny" not in w["text"]  # the model size is not a cause
     assert f"> **No signal: {w['headline']}.** {w['text']}" in md.read_text()
     assert main([str(root)]) == 0 and f"NO SIGNAL: {w['headline']}." in capsys.readouterr().out
+
+
+def test_the_no_signal_note_names_the_cause_each_condition_measured(tmp_path):
+    """Runs whose completion.json says the reward gave no update (harness.learning): the note says what each
+    condition measured, seed by seed, instead of blaming the model size."""
+    root = new_user(tmp_path / "o", abstain=False)
+    flat = {"cause": "no_well_formed", "since_step": 1, "recovered_at": None, "completions": 64,
+            "parser_errors": {"unbalanced_tags": 64}, "well_formed": 0.0, "correct": 0.0}
+    for run in (root / "runs").iterdir():
+        if run.name.startswith(("grpo", "papo")):
+            comp = json.loads((run / "completion.json").read_text())
+            found = flat if run.name.startswith("grpo") or "-s0-" in run.name else {
+                **flat, "cause": "flat_groups", "since_step": 3, "recovered_at": 6, "well_formed": 0.5}
+            comp["learning_signal"] = {"no_update": found}
+            _write(run / "completion.json", comp)
+    rep, _ = build_report(root)
+    (w,) = [w for w in rep["groups"][0]["signal"]["warnings"] if w["kind"] == "indistinguishable"]
+    assert ("Measured: `grpo` (seeds 0, 1): no update from the reward from step 1 to the end (not one well-formed "
+            "answer: unbalanced_tags 100%); `papo` (seed 0): no update from the reward from step 1 to the end (not one "
+            "well-formed answer: unbalanced_tags 100%); `papo` (seed 1): no update from the reward from step 3 until "
+            "step 6 (every group's rewards equal; 50% well-formed, 0% correct).") in w["text"], w["text"]
 
 
 def test_conditions_that_differ_in_one_metric_are_not_flagged(tmp_path):
