@@ -21,10 +21,15 @@ def write_colour_set(root: Path, n: int = 40, n_test: int = 8, seed: int = 0, si
     (root / "records").mkdir(exist_ok=True)
     rng = random.Random(seed)
     rows: dict[str, list[dict]] = {"train": [], "test": []}
+    trained = set()
     for i in range(n):
         name = list(COLOURS)[i % len(COLOURS)]
         img = Image.new("RGB", (size, size), (128, 128, 128))
         x, y = rng.randint(2, size // 3), rng.randint(2, size // 3)
+        while i >= n - n_test and (name, x, y) in trained:  # a test image must not copy a training one
+            x, y = (x + 1, y) if x < size // 3 else (2, 2 + (y - 1) % (size // 3 - 1))  # no rng draw
+        if i < n - n_test:
+            trained.add((name, x, y))
         ImageDraw.Draw(img).rectangle([x, y, x + size // 2, y + size // 2], fill=COLOURS[name])
         img.save(root / "images" / f"{i}.png")
         split = "test" if i >= n - n_test else "train"

@@ -20,12 +20,16 @@ def write(out: Path, n: int = 60, seed: int = 0, size: int = 56) -> Path:
 
     rng = random.Random(seed)
     (out / "images").mkdir(parents=True, exist_ok=True)
-    rows = []
+    rows, drawn = [], set()
     for i in range(n):
         count = 1 + i % 5
         img = Image.new("RGB", (size, size), (255, 255, 255))
         draw = ImageDraw.Draw(img)
-        cells = rng.sample(range(16), count)  # a 4 x 4 grid: dots never overlap
+        for _ in range(100):  # a 4 x 4 grid: dots never overlap; no two images alike, so no test image copies a
+            cells = rng.sample(range(16), count)  # training one (validation refuses split overlap by content)
+            if frozenset(cells) not in drawn:
+                break
+        drawn.add(frozenset(cells))
         for c in cells:
             x, y = (c % 4) * size // 4 + 3, (c // 4) * size // 4 + 3
             draw.ellipse([x, y, x + size // 4 - 6, y + size // 4 - 6], fill=(0, 0, 0))

@@ -133,6 +133,12 @@ class SyntheticData(DataConfig):
 @dataclass
 class JsonlData(DataConfig):
     path: Optional[str] = f(None, "required: dataset root in the schema of docs/data.md (see harness.data validate)", semantic=False)
+    # semantic=False: it decides whether validation refuses, not what is trained (the data's content digest, in the
+    # run name, already tells a leaking dataset apart); so existing runs keep their semantic hash and run name.
+    allow_split_overlap: bool = f(
+        False, "accept held-out views (splits other than data.train_split, relation not MISSING) whose image is a byte "
+        "copy of a training image: validation then warns with the count instead of refusing the dataset (eval would "
+        "score inputs the model trained on)", semantic=False)
 
 
 #: The built-in reward (relation-aware exact match over the <answer> schema): the default reward._target_.

@@ -49,6 +49,9 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("--cache-dir", default=None, help="memo folder (default $XDG_CACHE_HOME/harness/validate)")
     v.add_argument("--no-cache", action="store_true", help="always run the full check")
     v.add_argument("--workers", type=int, default=0, help="threads for image digests and decodes")
+    v.add_argument("--train-split", default="train", metavar="SPLIT", help="the split held-out images are compared with (a run's data.train_split; default train)")
+    v.add_argument("--allow-split-overlap", action="store_true",
+                   help="accept held-out views whose image is a byte copy of a training image (a run's data.allow_split_overlap=true); still reported as a warning")
 
     c = sub.add_parser("convert-hf", help="convert a datasets save_to_disk folder into this schema")
     c.add_argument("src")
@@ -85,25 +88,28 @@ def main(argv: list[str] | None = None) -> int:
             from harness.data.validate import validate_dataset
 
             out = write_synthetic(args.out, n_base=args.n_base, data_seed=args.seed, image_size=args.image_size, val_fraction=args.val_fraction, test_fraction=args.test_fraction, workers=args.workers, force=args.force)
-            print(f"wrote {out}: " + validate_dataset(out).summary())
+            _built(f"wrote {out}: ", validate_dataset(out))
         elif args.cmd == "validate":
             from harness.data.validate import validate_dataset
 
-            report = validate_dataset(args.root, cache_dir=args.cache_dir, workers=args.workers, memoize=not args.no_cache)
+            report = validate_dataset(args.root, cache_dir=args.cache_dir, workers=args.workers, memoize=not args.no_cache,
+                                      train_split=args.train_split, allow_split_overlap=args.allow_split_overlap)
             print(report.summary())
+            for line in report.warnings():  # the accepted overlap's examples; stdout stays the one summary line
+                print(f"warning: {line} (accepted: --allow-split-overlap)", file=sys.stderr)
         elif args.cmd == "convert-hf":
             from harness.data.convert import convert_hf
             from harness.data.validate import validate_dataset
 
             image_column = None if args.image_column.lower() == "none" else args.image_column
             out = convert_hf(args.src, args.out, image_column=image_column, question_column=args.question_column, answer_column=args.answer_column, answer_type=args.answer_type, split_column=args.split_column, choices_column=args.choices_column, relation_column=args.relation_column, base_column=args.base_column, group_column=args.group_column, force=args.force)
-            print(f"wrote {out}: " + validate_dataset(out).summary())
+            _built(f"wrote {out}: ", validate_dataset(out))
         elif args.cmd == "manifest":
             from harness.data.manifest import seal_dataset
             from harness.data.validate import validate_dataset
 
             seal_dataset(args.root, fill_digests=args.fill_digests)
-            print(validate_dataset(args.root).summary())
+            _built("", validate_dataset(args.root))
         elif args.cmd == "identity":
             from harness.data.manifest import data_identity
 
@@ -112,6 +118,20 @@ def main(argv: list[str] | None = None) -> int:
         print(str(e), file=sys.stderr)
         return e.exit_code
     return 0
+
+
+def _built(prefix: str, report) -> None:
+    """A builder's summary line, then its warnings."""
+    print(prefix + report.summary())
+    _warn_built(report)
+
+
+def _warn_built(report) -> None:
+    """The split overlap a builder built anyway (harness/data/leakage.py), said now: a run will refuse it."""
+    from harness.data.leakage import overlap_fix
+
+    for line in report.warnings():
+        print(f"warning: {line}\n  a run and `validate` refuse this dataset as it is; fix: {overlap_fix(report.overlap)}", file=sys.stderr)
 
 
 def _init(args: argparse.Namespace) -> None:
@@ -132,6 +152,7 @@ def _init(args: argparse.Namespace) -> None:
             print(f"  note: no {split!r} split; name one of {sorted(res.splits)} with {key}=SPLIT when training")
     root = shlex.quote(str(res.out))
     print(f"next: python -m harness data=jsonl data.path={root}   (add mode=plan first to see the plan)")
+    _warn_built(report)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,10 @@ raises one DataContractError, or returns a ValidationReport. Checked:
   image stays inside the root (symlinks resolved), exists, matches its digest and decodes
   (PIL); evidence boxes lie inside their image. With workers > 1, digests and decodes run in
   that many processes (threads would not help: opening a PNG is mostly Python).
+- split overlap by content (harness/data/leakage.py): no held-out view with evidence whose image
+  is byte-equal to a training image, unless the caller accepts it (allow_split_overlap: then
+  the report carries it, ValidationReport.warnings()). A run and `validate` refuse it unless
+  the user's flag says otherwise; builders (init, convert-hf, manifest, synth) warn.
 
 One cause is reported once. Without a readable manifest.json, that is one problem with its fix
 (`python -m harness.data manifest DIR`); what follows from it (image digests that cannot be
@@ -23,13 +27,16 @@ sha256 that differs from its file). Identical problems (same field, why and fix)
 GROUP_MIN or more places become one problem naming the count and the first GROUP_SHOW places
 (`group_problems`).
 
-Memoization: the fingerprint is the sha256 of the validator version, the real root, the
-manifest bytes, and (path, size, mtime_ns, ctime_ns, inode) of every listed file plus the
-names under records/. A success is stored as <cache_dir>/<fingerprint>.json; a second run on
-an unchanged dataset only stats files. Any rewrite changes ctime, so it changes the
-fingerprint, except within one clock tick of the validation that read the file: files whose
-ctime falls in the last RACY_WINDOW_NS before the run are re-hashed on every hit (the "racy
-git" rule), so a tamper right after a memoized success is still caught.
+Memoization: the fingerprint is the sha256 of the validator version, the training split (the
+overlap is measured against it), the real root, the manifest bytes, and (path, size, mtime_ns,
+ctime_ns, inode) of every listed file plus the names under records/. A success is stored as
+<cache_dir>/<fingerprint>.json; a second run on an unchanged dataset only stats files. Any
+rewrite changes ctime, so it changes the fingerprint, except within one clock tick of the
+validation that read the file: files whose ctime falls in the last RACY_WINDOW_NS before the run
+are re-hashed on every hit (the "racy git" rule), so a tamper right after a memoized success is
+still caught. A success with a split overlap is memoized too, the overlap kept as data: the flag
+is applied after, on a hit as on a full check, so a memo written with the flag never hides the
+overlap from a run without it.
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ from typing import Any
 
 from PIL import Image
 
+from harness.data.leakage import OverlapCollector, overlap_problem, overlap_warning
 from harness.data.manifest import atomic_write_bytes, manifest_digest, read_manifest, sha256_bytes, sha256_file, summarize
 from harness.data.records import (  # noqa: F401  (group_problems: re-exported)
     GROUP_MIN,
@@ -65,7 +73,7 @@ from harness.data.records import (  # noqa: F401  (group_problems: re-exported)
 )
 from harness.errors import DataContractError, DataProblem
 
-VALIDATOR_VERSION = 1
+VALIDATOR_VERSION = 2  # 2: split overlap by content (a memo of 1 never checked it)
 RACY_WINDOW_NS = 50_000_000  # > the coarsest kernel clock tick (10 ms at HZ=100), with margin
 POOL_MIN_IMAGES = 256  # below this, starting worker processes costs more than it saves
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
@@ -82,6 +90,11 @@ class ValidationReport:
     fingerprint: str
     memoized: bool
     seconds: float
+    overlap: dict | None = None  # the split overlap the caller accepted (OverlapCollector.find's dict), else None
+
+    def warnings(self) -> list[str]:
+        """What the dataset passed only because the caller accepted it, one line each, with examples."""
+        return [overlap_warning(self.overlap)] if self.overlap else []
 
     def summary(self) -> str:
         per_split = ", ".join(f"{s} {sum(r.values())}" for s, r in sorted(self.splits.items()))
@@ -90,7 +103,8 @@ class ValidationReport:
             rel.update(r)
         per_rel = ", ".join(f"{k} {rel[k]}" for k in ("FULL", "CONTROL", "MISSING", "SUBSTITUTE") if rel[k])
         memo = " (memoized)" if self.memoized else ""
-        return f"ok: {self.rows} rows ({per_split}; {per_rel}), {self.images} images, data sha256 {self.sha256[:12]}, {self.seconds:.2f}s{memo}"
+        warn = f"; WARNING: {overlap_warning(self.overlap, examples=False)} (accepted)" if self.overlap else ""
+        return f"ok: {self.rows} rows ({per_split}; {per_rel}), {self.images} images, data sha256 {self.sha256[:12]}, {self.seconds:.2f}s{memo}{warn}"
 
 
 def default_cache_dir() -> Path:
@@ -106,13 +120,13 @@ def _listed_files(manifest: dict) -> list[str]:
     return sorted(p for p in list(manifest.get("records", {})) + list(manifest.get("images", {})) if isinstance(p, str))
 
 
-def _fingerprint(root: Path, raw: bytes, manifest: dict) -> tuple[str, dict[str, int]]:
+def _fingerprint(root: Path, raw: bytes, manifest: dict, train_split: str) -> tuple[str, dict[str, int]]:
     """(fingerprint, {path: ctime_ns}) over the stat of every listed file; no file is read.
 
     Plain strings and os.stat, no pathlib: this loop is the whole cost of a memoized run.
     """
     base = str(root) + "/"
-    h = hashlib.sha256(f"v{VALIDATOR_VERSION}\0{os.path.realpath(root)}\0{sha256_bytes(raw)}\n".encode())
+    h = hashlib.sha256(f"v{VALIDATOR_VERSION}\0{train_split}\0{os.path.realpath(root)}\0{sha256_bytes(raw)}\n".encode())
     ctimes: dict[str, int] = {}
     parts = []
     for rel in _listed_files(manifest):
@@ -142,6 +156,8 @@ def _memo_hit(cache_dir: Path, fp: str, root: Path, manifest: dict) -> dict | No
     try:
         memo = json.loads((cache_dir / f"{fp}.json").read_text())
     except (OSError, ValueError):
+        return None
+    if not isinstance(memo, dict) or "overlap" not in memo:  # a memo that cannot say whether splits overlap
         return None
     for rel in memo.get("racy", []):  # written too close to the last run for ctime to tell
         try:
@@ -177,8 +193,9 @@ def _p(file: str, line: int | None, field: str | None, why: str, fix: str) -> Da
 class _State:
     """What the full check accumulates across files and rows."""
 
-    def __init__(self) -> None:
+    def __init__(self, train_split: str) -> None:
         self.problems: list[DataProblem] = []
+        self.overlap = OverlapCollector(train_split)
         self.views: dict[tuple[str, str], str] = {}
         self.base_split: dict[str, tuple[str, str]] = {}
         self.group_base: dict[str, str] = {}
@@ -270,6 +287,7 @@ def _cross_row(row: dict, file: str, line: int, st: _State) -> None:
         st.boxes.append((file, line, images[0].get("path"), ev))
     if isinstance(row.get("split"), str) and isinstance(row.get("relation"), str):
         st.counts[row["split"]][row["relation"]] += 1
+    st.overlap.add(row, file, line)
 
 
 def _check_groups(st: _State) -> None:
@@ -313,7 +331,8 @@ def _check_image_chunk(root: str, items: list[tuple[str, Any]]) -> list[tuple[st
     return [_check_image(guard, root + "/", rel, expected) for rel, expected in items]
 
 
-def _check_images(root: Path, m: dict | None, st: _State, workers: int) -> dict[str, tuple[int, int]]:
+def _check_images(root: Path, m: dict | None, st: _State, workers: int) -> tuple[dict[str, tuple[int, int]], dict[str, str]]:
+    """({path: (width, height)} of the images that decode, {path: sha256 of the file} of those that read)."""
     listed = (m or {}).get("images", {})
     for path, uses in sorted(st.refs.items()):
         for sha, file, line, field in uses:
@@ -336,7 +355,7 @@ def _check_images(root: Path, m: dict | None, st: _State, workers: int) -> dict[
             results = [r for part in pool.map(_check_image_chunk, [str(root)] * len(chunks), chunks) for r in part]
     else:
         results = _check_image_chunk(str(root), items)
-    sizes = {}
+    sizes, digests = {}, {}
     for rel, size, digest, problems in results:
         if m is None and st.refs.get(rel):
             # No manifest lists the image: name the first row that uses it instead.
@@ -345,13 +364,15 @@ def _check_images(root: Path, m: dict | None, st: _State, workers: int) -> dict[
         st.problems += problems
         if size is not None:
             sizes[rel] = size
+        if digest is not None:
+            digests[rel] = digest
         if m is None and digest is not None:
             # A row's own digest that is wrong is a row problem even without a manifest (the
             # manifest command would refuse it); a missing one is filled in by that command.
             for sha, file, line, field in st.refs.get(rel, []):
                 if isinstance(sha, str) and _SHA256_RE.fullmatch(sha) and sha != digest:
                     st.problems.append(_p(file, line, f"{field}.sha256", f"{sha!r} differs from the sha256 of {rel} ({digest!r})", "correct it, or let `python -m harness.data manifest DIR --fill-digests` set every row's image sha256 from the files"))
-    return sizes
+    return sizes, digests
 
 
 def _check_boxes(st: _State, sizes: dict[str, tuple[int, int]]) -> None:
@@ -364,9 +385,10 @@ def _check_boxes(st: _State, sizes: dict[str, tuple[int, int]]) -> None:
                 st.problems.append(_p(file, line, f"evidence[{i}]", f"{box} extends beyond the {w}x{h} image {path}", "clip the box to the image (x1 <= width, y1 <= height)"))
 
 
-def _full_check(root: Path, m: dict | None, manifest_error: DataContractError | None, workers: int) -> tuple[list[DataProblem], dict]:
-    """Every problem of the dataset, given the manifest the fingerprint was computed from."""
-    st = _State()
+def _full_check(root: Path, m: dict | None, manifest_error: DataContractError | None, workers: int, train_split: str) -> tuple[list[DataProblem], dict, dict | None]:
+    """(every problem of the dataset but a split overlap, the summary, the overlap or None), given the manifest the
+    fingerprint was computed from. The overlap is data, not a problem yet: the caller's flag decides."""
+    st = _State(train_split)
     real_root = str(root.resolve())
     if manifest_error is not None:
         st.problems += manifest_error.problems
@@ -379,25 +401,32 @@ def _full_check(root: Path, m: dict | None, manifest_error: DataContractError | 
     for rel in files:
         _check_records_file(rel, m, st, real_root, root)
     _check_groups(st)
-    sizes = _check_images(root, m, st, workers)
+    sizes, digests = _check_images(root, m, st, workers)
     _check_boxes(st, sizes)
+    overlap = st.overlap.find(digests)  # the files' own digests: byte-equal is what leaks, whatever a row claims
     summary = summarize(st.counts, len((m or {}).get("images", {})))
     # The summary is derived from the records, whose digests are checked above: compare it only
     # when everything else holds, so a broken row is not reported twice.
     if m is not None and not st.problems and m["summary"] != summary:
         st.problems.append(_p(MANIFEST, None, "summary", f"says {m['summary'].get('rows')} rows / {m['summary'].get('splits')}, the records give {summary['rows']} / {summary['splits']}", "rebuild the manifest with `python -m harness.data manifest DIR`"))
-    return st.problems, summary
+    return st.problems, summary, overlap
 
 
 # --- entry point
 
 
-def validate_dataset(root: str | Path, *, cache_dir: str | Path | None = None, workers: int = 0, memoize: bool = True, group: bool = True) -> ValidationReport:
+def validate_dataset(root: str | Path, *, cache_dir: str | Path | None = None, workers: int = 0, memoize: bool = True, group: bool = True,
+                     train_split: str = "train", allow_split_overlap: bool = True) -> ValidationReport:
     """Check the dataset at `root`; DataContractError listing every problem, else a report.
 
     A success is memoized under `cache_dir` (default: default_cache_dir()); an unwritable cache
     only costs the memo, never the check. group=False keeps one problem per place (a converter
-    maps them to its source rows, then groups them itself).
+    maps them to its source rows, then groups them itself). `train_split` is the split held-out
+    images are compared with (data.train_split). A split overlap is one more problem when
+    allow_split_overlap=False, what a run and `validate` pass unless the user accepts it
+    (data.allow_split_overlap, --allow-split-overlap); otherwise the report carries it
+    (ValidationReport.overlap, warnings(), summary()). The default, True, is the builders' (init,
+    convert-hf, manifest, synth: they build and warn, harness/data/leakage.py).
     """
     t0, t0_ns = time.perf_counter(), time.time_ns()
     root = Path(root)
@@ -407,18 +436,20 @@ def validate_dataset(root: str | Path, *, cache_dir: str | Path | None = None, w
     fp, ctimes, m, manifest_error = "", {}, None, None
     try:
         m, raw = read_manifest(root)
-        fp, ctimes = _fingerprint(root, raw, m)
+        fp, ctimes = _fingerprint(root, raw, m, train_split)
     except DataContractError as e:
         manifest_error = e  # the full check reports it, with everything else
     if memoize and fp:
         memo = _memo_hit(cache, fp, root, m)
         if memo is not None:
-            return ValidationReport(str(root), memo["sha256"], memo["rows"], memo["images"], memo["splits"], fp, True, time.perf_counter() - t0)
-    problems, summary = _full_check(root, m, manifest_error, workers)
+            return _verdict(ValidationReport(str(root), memo["sha256"], memo["rows"], memo["images"], memo["splits"], fp, True, time.perf_counter() - t0, memo["overlap"]), allow_split_overlap)
+    problems, summary, overlap = _full_check(root, m, manifest_error, workers, train_split)
     if problems:
+        problems += [overlap_problem(overlap)] if overlap and not allow_split_overlap else []
         raise DataContractError(str(root), group_problems(problems) if group else problems)
-    report = ValidationReport(str(root), m["sha256"], summary["rows"], summary["images"], summary["splits"], fp, False, time.perf_counter() - t0)
+    report = ValidationReport(str(root), m["sha256"], summary["rows"], summary["images"], summary["splits"], fp, False, time.perf_counter() - t0, overlap)
     if memoize and fp:
+        # Memoized with its overlap, whatever the flag: the next call applies its own flag to the memo.
         racy = sorted(rel for rel, c in ctimes.items() if c >= t0_ns - RACY_WINDOW_NS)
         memo = {k: v for k, v in asdict(report).items() if k not in ("memoized", "seconds")} | {"racy": racy}
         try:
@@ -426,4 +457,11 @@ def validate_dataset(root: str | Path, *, cache_dir: str | Path | None = None, w
             atomic_write_bytes(cache / f"{fp}.json", json.dumps(memo, sort_keys=True).encode())
         except OSError:
             pass  # read-only cache: validation still succeeded
+    return _verdict(report, allow_split_overlap)
+
+
+def _verdict(report: ValidationReport, allow_split_overlap: bool) -> ValidationReport:
+    """The report of a dataset without other problems, refused when it has a split overlap the caller did not accept."""
+    if report.overlap and not allow_split_overlap:
+        raise DataContractError(report.root, [overlap_problem(report.overlap)])
     return report

@@ -34,7 +34,8 @@ def csv_source(root: Path, n: int = 10, header: str = "image,question,answer", r
     if rows is None:
         rows = []
         for i in range(n):
-            png(root / "images" / f"{i}.png", COLORS[names[i % 4]])
+            # a shade per image: no test image is a byte copy of a training one (validation refuses that)
+            png(root / "images" / f"{i}.png", tuple(min(255, c + i) for c in COLORS[names[i % 4]]))
             rows.append(f"images/{i}.png,What color is it?,{names[i % 4]}")
     root.mkdir(parents=True, exist_ok=True)
     (root / "table.csv").write_text(header + "\n" + "".join(r + "\n" for r in rows))
