@@ -80,6 +80,14 @@ def row_loss_tokens(batch) -> tuple[list[int], list[int]]:
     return lengths, counts
 
 
+def prefix_limit(max_steps: int, rows_per_step: int, rows: int) -> str:
+    """What ends the planned rows when the loss-token cap does not (completion.json `stopped_by`): "max_steps" when
+    budget.max_steps takes every row or fewer (a warm start's passes are sized by its steps, so its last step is
+    also the end of its last pass: it stopped at its max steps), "epoch_end" when the planned passes (arm.epochs)
+    end before budget.max_steps."""
+    return "max_steps" if max_steps * rows_per_step <= rows else "epoch_end"
+
+
 def apply_loss_token_cap(trainer, ctx: BuildContext, chunk: int = CAP_CHUNK) -> None:
     """Cut the (already seeded-shuffled) passes to the longest prefix that fits both caps.
 
@@ -91,9 +99,7 @@ def apply_loss_token_cap(trainer, ctx: BuildContext, chunk: int = CAP_CHUNK) -> 
     ds = trainer.train_dataset
     counts, total = [], 0
     max_len = c.arm.max_length
-    # what cuts the prefix (completion.json `stopped_by`): the loss-token cap ("budget"), max_steps, or the end of the
-    # planned passes ("epoch_end": arm.epochs)
-    limit = "max_steps" if max_steps * rows_per_step < len(ds) else "epoch_end"
+    limit = prefix_limit(max_steps, rows_per_step, len(ds))  # "budget" below when the loss-token cap cuts first
     n_rows = min(len(ds), max_steps * rows_per_step)
     for start in range(0, n_rows, chunk):
         rows = range(start, min(start + chunk, n_rows))

@@ -130,7 +130,32 @@ def _group_json(g: Group, plots: dict, budget_rows: list[dict] | None = None, sp
         "baseline": g.baseline.label if g.baseline else None, "baseline_note": g.baseline_note,
         "paired": g.paired, "unpaired": g.unpaired, "plots": plots, "signal": group_signal(g, split),
         "budget_runs": budget_rows, "budget_bound": verdict(budget_rows),
+        "wall_time_note": wall_time_note([r for c in g.conditions for r in c.runs]),
     }
+
+
+def wall_time_note(runs: list[Run]) -> str | None:
+    """A caveat under the wall-time column: wall times compare only under the same machine load. The report cannot
+    see the load, but it sees runs whose last process ran at the same time as another's (completion.json's
+    completed_at minus wall_time_s): they slowed each other."""
+    spans = []
+    for r in runs:
+        c = r.completion or {}
+        try:
+            end = dt.datetime.fromisoformat(str(c.get("completed_at"))).timestamp()
+            spans.append((r.name, end - float(c["wall_time_s"]), end))
+        except (KeyError, TypeError, ValueError):
+            continue
+    if len(spans) < 2:
+        return None
+    overlapping = sorted({a[0] for a in spans for b in spans if a is not b and a[1] < b[2] and b[1] < a[2]})
+    text = ("Wall time compares runs only when they ran under the same machine load (the same machine, nothing "
+            "else running); this report cannot see the load.")
+    if overlapping:
+        text += (f" {len(overlapping)} of these {len(spans)} runs ran at the same time as another run of this group "
+                 "(their wall-clock intervals overlap), so they slowed each other: do not compare their wall times; "
+                 "compare tokens and steps, or time runs one at a time (bench/).")
+    return text
 
 
 def build_report(directory: Path, baseline: str = "grpo", out: Path | None = None) -> tuple[dict, Path]:

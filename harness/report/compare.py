@@ -113,9 +113,24 @@ def _natural(value: object) -> tuple:
 _ABSENT = object()
 
 
-def _fmt_value(v: object) -> str:
+def _resolved(key: str, v: object) -> object:
+    """A field a condition lacks because it holds the value runs had before the field existed (left out of the
+    hashes and of Run.semantic: harness.identity.OMIT_AT_DEFAULT) is that value; any other absent field stays absent."""
+    from harness.identity import OMIT_AT_DEFAULT
+
+    return OMIT_AT_DEFAULT[key] if v is _ABSENT and key in OMIT_AT_DEFAULT else v
+
+
+def _fmt_value(v: object, key: str = "") -> str:
+    from harness.config.schema import BUILTIN_REWARD
+
+    v = _resolved(key, v)
     if v is _ABSENT:
         return "–"
+    if key.endswith("_target_") and v == BUILTIN_REWARD:
+        return "built-in"
+    if key.endswith("_target_") and isinstance(v, str) and "/" in v.split(":")[0]:
+        return v.rsplit("/", 1)[1]  # a reward file's path: its name says which in a label (report.json has all)
     if isinstance(v, str):
         return v
     return json.dumps(v)
@@ -123,7 +138,7 @@ def _fmt_value(v: object) -> str:
 
 def jsonable_fields(fields: dict) -> dict:
     """A condition's distinguishing fields for report.json (a field the condition lacks -> None)."""
-    return {k: (None if v is _ABSENT else v) for k, v in fields.items()}
+    return {k: (None if _resolved(k, v) is _ABSENT else _resolved(k, v)) for k, v in fields.items()}
 
 
 def _label(cond: Condition, same_arm: list[Condition]) -> None:
@@ -132,7 +147,7 @@ def _label(cond: Condition, same_arm: list[Condition]) -> None:
         differing = [k for k in keys
                      if len({json.dumps(c.semantic.get(k, "<absent>"), sort_keys=True) for c in same_arm}) > 1]
         cond.fields = {k: cond.semantic.get(k, _ABSENT) for k in differing}
-    parts = [f"{k}={_fmt_value(v)}" for k, v in cond.fields.items()]
+    parts = [f"{k}={_fmt_value(v, k)}" for k, v in cond.fields.items()]
     if len(parts) > LABEL_FIELDS_MAX:
         parts = parts[:LABEL_FIELDS_MAX] + [f"+{len(parts) - LABEL_FIELDS_MAX} more"]
     cond.label = cond.arm + (f" ({', '.join(parts)})" if parts else "") + (" (warm start)" if cond.warm_start else "")

@@ -145,6 +145,8 @@ def _group(rep: dict, g: dict) -> list[str]:
     out += _table(["condition", "budget kind"] + [t for _, t in TRAIN_METRICS[:5]]
                   + ["stopped by", METRIC_TITLES["perf/wall_time_s"], METRIC_TITLES["perf/first_step_s"]], rows)
     out += footnotes(marks)
+    if g.get("wall_time_note"):
+        out += ["", g["wall_time_note"]]
     out += _budget_section(g, h)
     out += _paired_section(g, h)
     for u in g.get("unpaired") or []:

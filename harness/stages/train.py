@@ -6,6 +6,7 @@ opened before and every logger is closed after, also on failure (harness.loggers
 from __future__ import annotations
 
 import logging
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -79,7 +80,8 @@ def build(plan, run_dir: Path, data, policy: Policy, ctx: RunContext, resume: Re
         trainer.restore_checkpoint_totals(resume.totals(ctx.rank))
     plan.kind.built(trainer, ctx)  # SFT: the loss tokens its trainer planned
     trainer.remove_callback(ProgressCallback)
-    trainer.add_callback(QuietProgressCallback(ctx))
+    if sys.stderr.isatty():  # a bar for a terminal; in a log file its frames would glue onto the step lines
+        trainer.add_callback(QuietProgressCallback(ctx))
     install_kill_switch(trainer, plan)
     return trainer
 

@@ -87,3 +87,10 @@ def test_a_warm_start_at_the_ceiling_is_named(tmp_path):
     ceiling = comp["learning_signal"]["eval_before_at_ceiling"]
     assert ceiling["accuracy"] == 1.0 and ceiling["n"] == 8 and ceiling["split"] == "test"
     assert ceiling["fix"].startswith("fix: evaluate on a harder split")
+
+
+def test_a_log_file_holds_whole_lines(scratch):
+    """stderr to a file (here: a pipe): no progress-bar frames glued onto the [harness] step lines."""
+    _, stderr = scratch
+    assert "\r" not in stderr and "sampled tokens:" not in stderr
+    assert all(line.startswith("[harness]") or "[harness]" not in line for line in stderr.splitlines())

@@ -532,3 +532,38 @@ def test_a_folder_of_links_to_run_dirs_picks_those_runs(tmp_path):
         (pick / name).symlink_to(tmp_path / "runs" / name, target_is_directory=True)
     runs, sweeps = find_run_dirs(pick)
     assert [r.name for r in runs] == ["grpo-a", "opd-b"] and sweeps == []
+
+
+def test_a_condition_on_the_built_in_reward_is_labelled_so(tmp_path):
+    """grpo on the built-in reward against grpo on a reward file: the built-in one was labelled
+    `grpo (reward._target_=–)` (its reward._target_ is left out of the run's semantic fields at its old default)."""
+    root = tmp_path / "o"
+    import shutil
+
+    builtin = make_run(root, "grpo", 0, 0.5)
+    mine = shutil.copytree(builtin, builtin.with_name(builtin.name + "-mine"))
+    m = json.loads((mine / "run_manifest.json").read_text())
+    m["run_name"] = mine.name
+    m["plan"]["config"]["reward"] = {"_target_": "/home/me/rewards/my_reward.py:colour"}
+    _write(mine / "run_manifest.json", m)
+    rep, md = build_report(root)
+    labels = {c["label"]: c["fields"] for c in rep["groups"][0]["conditions"]}
+    assert sorted(labels) == ["grpo (reward._target_=built-in)", "grpo (reward._target_=my_reward.py:colour)"]
+    assert labels["grpo (reward._target_=built-in)"] == {"reward._target_": "harness.rewards:answer_reward"}
+    assert "–" not in "".join(labels)
+
+
+def test_wall_times_of_runs_that_ran_at_the_same_time_carry_a_caveat(tmp_path):
+    """Two runs whose wall-clock intervals overlap slowed each other (2 cores): the report says so under the
+    wall-time column instead of comparing their seconds as if measured alike."""
+    root = tmp_path / "o"
+    runs = [make_run(root, "grpo", s, 0.5, wall=100.0) for s in (0, 1, 2)]
+    ends = ["2026-12-05T10:01:40+00:00", "2026-12-05T10:02:30+00:00", "2026-12-05T11:00:00+00:00"]  # 0 and 1 overlap
+    for run, end in zip(runs, ends):
+        comp = json.loads((run / "completion.json").read_text())
+        _write(run / "completion.json", {**comp, "completed_at": end})
+    rep, md = build_report(root)
+    note = rep["groups"][0]["wall_time_note"]
+    assert note.startswith("Wall time compares runs only when they ran under the same machine load")
+    assert "2 of these 3 runs ran at the same time as another run of this group" in note
+    assert note in md.read_text()

@@ -102,3 +102,13 @@ def test_a_row_at_max_length_is_refused_at_the_same_row(env):
     with pytest.raises(ValueError) as err:
         build(env, f"arm.max_length={max_len}")
     assert str(err.value).startswith(ref) and f"at arm.max_length ({max_len})" in str(err.value)
+
+
+def test_a_warm_start_whose_steps_end_with_its_last_pass_stopped_at_its_max_steps():
+    """The colour set's warm start: 60 steps of 8 rows over 32 rows plans 15 passes, exactly 480 rows; it stopped at
+    its max steps (it said "epoch_end" before: the end of the passes its steps had sized)."""
+    from arms.sft.trainer import prefix_limit
+
+    assert prefix_limit(60, 8, 480) == "max_steps"
+    assert prefix_limit(60, 8, 3600) == "max_steps"  # one pass of the synthetic set holds every step
+    assert prefix_limit(1000, 8, 480) == "epoch_end"  # arm.epochs ends the rows before budget.max_steps
