@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import json
 import logging
+import math
+import os
 from pathlib import Path
 
 from hydra.experimental.callback import Callback
@@ -36,6 +38,10 @@ def run_job(cfg, hc, run) -> float | None:
     continues it: complete runs are skipped). Returns the job's objective for a sweeper that optimizes."""
     overrides = list(hc.overrides.task)
     record = {"job": hc.job.num, "overrides": overrides, "status": "failed", "exit_code": None, "error": None}
+    total = os.environ.get(SWEEP_SIZE_ENV)
+    if slurm.task_rank() == 0:
+        log.info("sweep: job %d%s (#%d): %s", hc.job.num + 1, f" of {total}" if total else "", hc.job.num,
+                 " ".join(overrides))
     code, value = 0, None
     try:
         code = run(cfg, dict(hc.runtime.choices), overrides)
@@ -117,11 +123,37 @@ def run_dir_of(overrides: list[str]) -> str:
     return compose_plan(overrides).run_dir
 
 
+SWEEP_SIZE_ENV = "HARNESS_SWEEP_JOBS"  # the sweep's job count, for the jobs' "job N of M" line (any process)
+
+
+def sweep_size(config) -> int | None:
+    """The number of jobs of a basic sweeper's sweep (the product of its swept values: hydra.sweeper.params, then
+    the command line's overrides, which win for the same key); None for another sweeper (optuna: its trials)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    sweeper = config.hydra.sweeper
+    if not str(sweeper.get("_target_", "")).endswith("BasicSweeper"):
+        return None
+    params = [f"{k}={v}" for k, v in (sweeper.get("params") or {}).items()]
+    counts: dict[str, int] = {}
+    try:
+        for o in OverridesParser.create().parse_overrides(params + list(config.hydra.overrides.task)):
+            counts[o.key_or_group] = len(list(o.sweep_string_iterator())) if o.is_sweep_override() else 1
+    except Exception:  # noqa: BLE001  (a count for a display line: Hydra itself reports a bad override)
+        return None
+    return math.prod(counts.values())
+
+
 class SweepCallback(Callback):
     """Hydra callback (conf/config.yaml hydra.callbacks): at the end of a multirun, in the launching process
     whatever the launcher (basic, joblib, submitit, harness.slurm_launcher), read <sweep dir>/jobs/*.json, write
     <sweep dir>/sweep.json (every job: overrides, status, run dir, SLURM job) and remember the failures for the
     exit code."""
+
+    def on_multirun_start(self, config, **kwargs) -> None:
+        total = sweep_size(config)
+        if total is not None:
+            os.environ[SWEEP_SIZE_ENV] = str(total)  # read by run_job in this process, joblib workers, SLURM jobs
 
     def on_multirun_end(self, config, **kwargs) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)

@@ -117,3 +117,25 @@ def test_a_scheduler_requeue_runs_after_the_job_is_recorded_interrupted(job, tmp
     assert seen == [(signal.SIGUSR2, "interrupted", 140)], "the requeue ran before the job's record was written"
     assert isinstance(outcome, SystemExit) and outcome.code == -1  # submitit's own exit, after the record
     assert record["status"] == "interrupted" and manifest["status"] == "interrupted"
+
+
+def test_the_sweep_counts_its_jobs_and_each_job_says_which_of_them_it_is(job, monkeypatch, caplog):
+    """`-m sweep=arms_x_seeds arm=grpo,papo` runs 2 x 3 jobs (the command line's arm wins over the sweep's): the
+    launching process counts them, and every job prints "job N of M" before it runs."""
+    from omegaconf import OmegaConf
+
+    config = OmegaConf.create({"hydra": {
+        "sweeper": {"_target_": "hydra._internal.core_plugins.basic_sweeper.BasicSweeper",
+                    "params": {"arm": "grpo,papo,evi_po", "seed": "0,1,2"}},
+        "overrides": {"task": ["arm=grpo,papo", "debug=tiny"]}}})
+    assert sweep.sweep_size(config) == 6
+    config.hydra.sweeper._target_ = "hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper"
+    assert sweep.sweep_size(config) is None  # its trials, not a product of values
+    monkeypatch.setenv(sweep.SWEEP_SIZE_ENV, "unset")  # restored (removed) after the test
+    config.hydra.sweeper._target_ = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
+    sweep.SweepCallback().on_multirun_start(config)
+    assert __import__("os").environ[sweep.SWEEP_SIZE_ENV] == "6"
+    with caplog.at_level(logging.INFO, logger="harness"):
+        job(lambda: None)
+    assert any(r.getMessage().startswith("sweep: job 1 of 6 (#0): output_root=") for r in caplog.records), \
+        [r.getMessage() for r in caplog.records][:5]
