@@ -53,13 +53,31 @@ def provisional_card(plan) -> str:
 # --- the card proper
 
 
-def _front_matter(plan, policy: dict) -> str:
+def trained_base(plan, identity: dict) -> dict | None:
+    """The pretrained base the policy was trained from, {"hub_id", "path", "name"}; None for a tiny model.
+    Read from the run's recorded identity (harness.plan.planned_model_identity: hub_id is None when model.path
+    was given) rather than the config, whose model.hub_id keeps the option's default next to a model.path."""
+    m = plan.cfg.model
+    if m.source == "tiny":
+        return None
+    model = identity.get("model") or plan.identity.get("model") or {}
+    hub_id = model["hub_id"] if "hub_id" in model else (None if m.path else m.hub_id)
+    path = model.get("path") or m.path
+    name = hub_id or (Path(path).name if path else None)
+    return {"hub_id": hub_id, "path": path, "name": name}
+
+
+def _front_matter(plan, identity: dict, policy: dict) -> str:
     m = plan.cfg.model
     lora = policy.get("tuning") == "lora"
     lines = ["---", f"library_name: {'peft' if lora else 'transformers'}",
              f"pipeline_tag: {'image-text-to-text' if m.is_vlm else 'text-generation'}"]
-    if m.source != "tiny" and m.hub_id:
-        lines.append(f"base_model: {m.hub_id}")
+    base = trained_base(plan, identity)
+    # base_model only for weights that came from that hub repo (model.hub_id, no model.path): the Hub reads it as a
+    # repo id (the model tree, "finetuned from"), so a local path is no valid value, and model.hub_id next to a
+    # model.path (the option's default) names a model the weights may not be. The identity table names the path.
+    if base and base["hub_id"]:
+        lines.append(f"base_model: {base['hub_id']}")
     lines += ["tags:", "- harness", f"- {plan.arm}", f"- {m.tuning.value}", "---"]
     return "\n".join(lines)
 
@@ -71,7 +89,10 @@ def _identity_rows(plan, identity: dict, policy: dict) -> list[tuple[str, str]]:
         what = (f"tiny {m.family.value} built by the harness with seeded random weights (spec_sha256 "
                 f"`{model.get('spec_sha256')}`, files_sha256 `{model.get('files_sha256')}`)")
     else:
-        what = f"`{m.hub_id or m.path}` (files_sha256 `{model.get('files_sha256')}`)"
+        base = trained_base(plan, identity)
+        where = (f"from the Hugging Face cache (model.hub_id, revision `{model.get('revision')}`)" if base["hub_id"]
+                 else f"the local checkpoint `{base['path']}` (model.path)")
+        what = f"`{base['name']}`, {where} (files_sha256 `{model.get('files_sha256')}`)"
     rows = [("run name", f"`{plan.run_name}`"),
             ("arm", _arm_line(plan.arm)),
             ("semantic_sha256", f"`{identity.get('semantic_sha256')}`"),
@@ -140,9 +161,14 @@ def _load_snippet(plan, policy: dict, where: str) -> str:
             "out = model.generate(**inputs, max_new_tokens=16, do_sample=False)\n"
             'print(processor.batch_decode(out[:, inputs["input_ids"].shape[1]:], skip_special_tokens=True))\n```')
     notes = []
-    if trust:
+    if trust and m.source == "tiny":
         notes.append(f"The tiny model's image-only processor (no torchvision needed) ships as "
                      f"`{portable['processor_code']}` in this folder, hence `trust_remote_code=True`; read it first.")
+    elif trust:
+        notes.append(f"The checkpoint's processor files are here, and its processor without the video part ships as "
+                     f"`{portable['processor_code']}` (no torchvision needed; the same input_ids, pixel_values and "
+                     "image_grid_thw as the stock processor), hence `trust_remote_code=True`; read it first. Without "
+                     "it, AutoProcessor builds the stock Qwen-VL processor, which needs torchvision.")
     base = portable.get("adapter_base")
     if base:
         notes.append(f"LoRA: {base['note']}; `AutoModelForImageTextToText.from_pretrained(path)` loads it and "
@@ -164,7 +190,7 @@ def render_card(plan, run_dir: Path, identity: dict, completion: dict, policy: d
                f"build_tiny: the cache entry `{cached}` under model.cache_dir, named by its build parameters and "
                "tokenizer corpus)." if cfg.model.source == "tiny" else "")
     parts = [
-        _front_matter(plan, policy), "", f"# {plan.run_name}", "",
+        _front_matter(plan, identity, policy), "", f"# {plan.run_name}", "",
         f"A policy trained by the harness with arm {_arm_line(plan.arm)}, {cfg.model.tuning.value} tuning "
         f"of model `{cfg.model.name}` on data `{cfg.data.name}`, seed {cfg.seed}.",
         "", "## Identity", "", "| | |", "|---|---|", *(f"| {k} | {v} |" for k, v in _identity_rows(plan, identity, policy)),

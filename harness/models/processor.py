@@ -1,4 +1,5 @@
-"""An image-only Qwen-VL processor that works without torchvision, for the tiny local VLMs.
+"""Image-only Qwen-VL processors that work without torchvision: the tiny local VLMs', and a real checkpoint's
+final policy's.
 
 Why: in transformers 5.x every Qwen-VL processor (Qwen2VLProcessor, Qwen2_5_VLProcessor,
 Qwen3VLProcessor) takes a video processor, and every video processor needs torchvision, which
@@ -17,6 +18,13 @@ Images are never upscaled: min_pixels is one merged cell ((patch*merge)^2), so a
 patch 14 (or 64x64 at patch 16) stays 56x56 -> 4x4 patches -> 4 image tokens after the 2x2 merge.
 max_pixels caps a large user image at MAX_IMAGE_TOKENS tokens.
 
+Real checkpoints (`model=qwen`): a final policy keeps the checkpoint's stock processor class and ships this file
+too, with the image-only form of that class in its auto_map (harness.portable.IMAGE_ONLY):
+`Qwen2VLImageOnlyProcessor`, `Qwen2_5_VLImageOnlyProcessor`, `Qwen3VLImageOnlyProcessor`, each the stock class minus
+its video processor, built as harness.models.pretrained.image_only builds it inside the harness (which
+harness.models.parity holds equal to the stock class, key for key). `AutoProcessor.from_pretrained(final_policy,
+trust_remote_code=True)` builds it, with or without torchvision; without trust_remote_code the stock class is built.
+
 Reloading: the processor is saved with processor_class "HarnessVLProcessor". AutoProcessor finds
 it by that name only in PROCESSOR_MAPPING's registered extras, so `register_auto_classes()` must
 have run. `import harness.models` arranges it lazily (harness/models/__init__.py); importing
@@ -34,7 +42,9 @@ from __future__ import annotations
 from transformers.image_utils import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
 from transformers.models.auto.processing_auto import AutoProcessor
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+from transformers.models.qwen2_5_vl.processing_qwen2_5_vl import Qwen2_5_VLProcessor
 from transformers.models.qwen2_vl.processing_qwen2_vl import Qwen2VLProcessor
+from transformers.models.qwen3_vl.processing_qwen3_vl import Qwen3VLProcessor
 from transformers.processing_utils import ProcessorMixin
 
 # The Qwen vision tokens (harness.models.tokenizer defines them; a unit test keeps the two equal). Spelled out
@@ -96,6 +106,41 @@ class HarnessVLProcessor(Qwen2VLProcessor):
         if dedupe is not None:
             return dedupe(super().__call__, images=images, text=text, audio=audio, **kwargs)
         return super().__call__(images=images, text=text, audio=audio, **kwargs)
+
+
+class _ImageOnly:
+    """The image-only form of a stock Qwen-VL processor class (mixed in before it): what
+    harness.models.pretrained.image_only makes of it, written out so a final policy can ship it (a class made by
+    `type()` at run time has no source to ship). ProcessorMixin reads the sub-processors off `__init__`'s
+    signature: without `video_processor` none is built, saved or loaded, and torchvision is never needed."""
+
+    def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
+        # The stock __init__ does the token bookkeeping, then ProcessorMixin.__init__(image_processor, tokenizer,
+        # video_processor, ...), which pairs positional sub-processors with get_attributes() (image_processor,
+        # tokenizer here): the video processor's slot (None) is left over and dropped.
+        super().__init__(image_processor, tokenizer, None, chat_template=chat_template, **kwargs)
+
+    def __call__(self, images=None, text=None, videos=None, audio=None, **kwargs):
+        if videos is not None:
+            raise ValueError(f"{type(self).__name__} is image-only (no video processor, so no torchvision needed); "
+                             "pass images, or load the stock processor (AutoProcessor without trust_remote_code, "
+                             "where torchvision imports) for videos")
+        dedupe = self.__dict__.get("_harness_row_dedupe")  # model.dedupe_rows (harness.models.fastvision)
+        if dedupe is not None:
+            return dedupe(super().__call__, images=images, text=text, audio=audio, **kwargs)
+        return super().__call__(images=images, text=text, audio=audio, **kwargs)
+
+
+class Qwen2VLImageOnlyProcessor(_ImageOnly, Qwen2VLProcessor):
+    """Qwen2VLProcessor without its video processor."""
+
+
+class Qwen2_5_VLImageOnlyProcessor(_ImageOnly, Qwen2_5_VLProcessor):
+    """Qwen2_5_VLProcessor without its video processor."""
+
+
+class Qwen3VLImageOnlyProcessor(_ImageOnly, Qwen3VLProcessor):
+    """Qwen3VLProcessor without its video processor."""
 
 
 class _ProcessorRegistryKey:

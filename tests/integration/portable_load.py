@@ -7,8 +7,9 @@ repo).
 The harness (and arms, tests) cannot be imported here, not even through the venv's editable install: a
 meta-path finder placed first refuses them. What the test asserts comes back in OUT_JSON: the processor's class
 and module, the keys of its output, the pixel_values the vision tower received (a forward hook), the logits of
-one forward pass, the generated ids, the harness modules loaded (none), and what AutoProcessor does without
-trust_remote_code=True.
+one forward pass, the generated ids, the harness modules loaded (none), what AutoProcessor does without
+trust_remote_code=True, and (a real checkpoint) whether its output equals the stock processor's or, without
+torchvision, the same built by hand from the tokenizer and the image processor.
 """
 
 import importlib.abc
@@ -51,26 +52,32 @@ def pieces(folder: str, image):
             **pixels}
 
 
-def main(folder: str, image: str, route: str, out: str) -> None:
-    """ROUTE: auto | peft=<base dir> (the tiny VLMs' processor code ships in the folder: trust_remote_code=True), or
-    pretrained (a real checkpoint's processor files: AutoProcessor where torchvision imports, else `pieces`)."""
-    picture = Image.open(image).convert("RGB")
+def call(processor, picture):
     messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}]
-    refused, processor = None, None
+    prompt = processor.apply_chat_template(messages, add_generation_prompt=True)
+    return processor(images=[picture], text=[prompt], return_tensors="pt")
+
+
+def main(folder: str, image: str, route: str, out: str) -> None:
+    """ROUTE: auto | peft=<base dir> (the tiny VLMs' processor code ships in the folder), or pretrained (a real
+    checkpoint's processor files and the image-only form of its processor class). Every route loads the processor
+    with trust_remote_code=True, as the model card says. `reference`: for pretrained, what the stock processor
+    makes where torchvision imports (AutoProcessor without trust_remote_code), else `pieces`."""
+    picture = Image.open(image).convert("RGB")
+    reference = None
     if route == "pretrained":
-        try:
-            processor = AutoProcessor.from_pretrained(folder)
-        except ImportError:  # every Qwen-VL processor of transformers 5 needs torchvision for its video part
-            inputs, how = pieces(folder, picture), "pieces"
+        try:  # without the opt-in: the stock Qwen-VL processor, which needs torchvision for its video part
+            stock = AutoProcessor.from_pretrained(folder)
+            refused, reference = type(stock).__name__, ("stock", call(stock, picture))
+        except ImportError as exc:
+            refused, reference = "ImportError: " + str(exc).strip().splitlines()[0], ("pieces", pieces(folder, picture))
     else:
         try:  # without the opt-in: refused (before the custom code it fell back to a bare tokenizer, silently)
             refused = type(AutoProcessor.from_pretrained(folder, trust_remote_code=False)).__name__
         except ValueError as exc:
             refused = "ValueError: " + str(exc).splitlines()[0]
-        processor = AutoProcessor.from_pretrained(folder, trust_remote_code=True)
-    if processor is not None:
-        prompt = processor.apply_chat_template(messages, add_generation_prompt=True)
-        inputs, how = processor(images=[picture], text=[prompt], return_tensors="pt"), "AutoProcessor"
+    processor = AutoProcessor.from_pretrained(folder, trust_remote_code=True)
+    inputs = call(processor, picture)
     if route.startswith("peft="):
         from peft import PeftModel
 
@@ -86,7 +93,9 @@ def main(folder: str, image: str, route: str, out: str) -> None:
         logits = model(**inputs).logits[0, -1]
         gen = model.generate(**inputs, max_new_tokens=4, do_sample=False)
     json.dump({
-        "question": QUESTION, "processor_route": how, "without_trust_remote_code": refused,
+        "question": QUESTION, "without_trust_remote_code": refused,
+        "reference": reference and reference[0],
+        "equal_to_reference": reference and {k: bool(torch.equal(inputs[k], v)) for k, v in reference[1].items()},
         "processor_class": type(processor).__name__, "processor_module": type(processor).__module__,
         "model_class": type(model).__name__, "input_keys": sorted(inputs.keys()),
         "pixel_values_shape": list(inputs["pixel_values"].shape) if "pixel_values" in inputs else None,

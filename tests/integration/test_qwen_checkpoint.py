@@ -118,15 +118,22 @@ def test_the_final_policy_carries_the_checkpoints_own_processor_files(sweep):
     for name in ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "preprocessor_config.json",
                  "chat_template.json"):
         assert (fp / name).read_bytes() == (snap / name).read_bytes(), name
-    assert not (fp / "processor_config.json").exists()  # the image-only processor's own form is not shipped
+    # not the image-only processor's own saved form (no video processor): the stock class, plus its image-only form
+    # as remote code for AutoProcessor(..., trust_remote_code=True) without torchvision
+    assert read_json(fp / "processor_config.json") == {"processor_class": "Qwen2_5_VLProcessor", "auto_map": {
+        "AutoProcessor": "processing_harness_vl.Qwen2_5_VLImageOnlyProcessor"}}
     adapter = json.loads((fp / "adapter_config.json").read_text())
     assert adapter["base_model_name_or_path"] == str(snap)  # model.path, not the option's Qwen/... hub id
-    assert read_json(fp / "harness_policy.json")["portable"]["processor_files"]
+    portable = read_json(fp / "harness_policy.json")["portable"]
+    assert portable["processor_files"] and portable["processor_code"] == "processing_harness_vl.py"
 
 
 def test_the_lora_policy_loads_without_the_harness(sweep, tmp_path):
-    """A fresh `python -I` process that cannot import the harness loads final_policy/ with plain transformers and
-    peft and scores an image; its logits equal the harness's own load_policy's."""
+    """A fresh `python -I` process that cannot import the harness, without torchvision, loads final_policy/ as its
+    model card says (AutoProcessor with trust_remote_code=True: the image-only form of the checkpoint's processor
+    class, shipped in the folder; AutoModelForImageTextToText: the base model.path names plus the adapter), scores
+    an image and generates; its processor's output is the stock one's (by hand without torchvision), its logits the
+    harness's own load_policy's."""
     import torch
     from PIL import Image
 
@@ -147,6 +154,16 @@ def test_the_lora_policy_loads_without_the_harness(sweep, tmp_path):
     assert proc.returncode == 0, proc.stderr[-4000:]
     got = json.loads(result.read_text())
     assert got["harness_modules"] == [] and got["lora_modules"] > 0 and got["generated"]
+    assert got["processor_class"] == "Qwen2_5_VLImageOnlyProcessor"
+    assert got["processor_module"].startswith("transformers_modules.") and got["processor_module"].endswith(
+        ".processing_harness_vl")  # the code shipped in the folder
+    assert got["reference"] in ("pieces", "stock") and got["equal_to_reference"] and all(
+        got["equal_to_reference"].values()), got["equal_to_reference"]
+    assert got["reference"] == "stock" or "requires the Torchvision library" in got["without_trust_remote_code"]
+    card = (run / "final_policy" / "README.md").read_text()
+    assert "AutoProcessor.from_pretrained(path, trust_remote_code=True)" in card
+    assert "AutoModelForImageTextToText.from_pretrained(path)" in card  # base + adapter (transformers' PEFT integration)
+    assert got["model_class"] == "Qwen2_5_VLForConditionalGeneration"
     # the forward pass and generate's prefill each give the vision tower the image's 16 patches (56x56)
     assert got["vision_tower_inputs"] == [got["pixel_values_shape"]] * 2 and got["pixel_values_shape"][0] == 16
 
