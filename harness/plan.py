@@ -167,8 +167,6 @@ def build_plan(cfg: DictConfig | Config, choices: Mapping[str, Any] | None = Non
     config_sha, semantic_sha = ident.config_hashes(config, non_semantic)
     model_identity = planned_model_identity(typed)
     data_identity = planned_data_identity(typed)
-    run_name = make_run_name(typed, semantic_sha, model_identity.get("files_sha256"), data_identity.get("content_sha256"))
-    run_dir = os.path.abspath(os.path.join(typed.output_root, "runs", run_name))
     identity = {
         "config_sha256": config_sha,
         "semantic_sha256": semantic_sha,
@@ -179,6 +177,10 @@ def build_plan(cfg: DictConfig | Config, choices: Mapping[str, Any] | None = Non
         **typed.arm.extra_identity(typed),  # e.g. opd's teacher
         **(process_identity or {"code": ident.code_identity(), "environment": ident.environment_identity()}),
     }
+    # named after the identity: the reward's digest in the name is the very one a resume compares (read once)
+    run_name = make_run_name(typed, semantic_sha, model_identity.get("files_sha256"),
+                             data_identity.get("content_sha256"), identity.get("reward"))
+    run_dir = os.path.abspath(os.path.join(typed.output_root, "runs", run_name))
     shared = {k: identity[k] for k in ("code", "environment")}
     parent = sft_parent(typed, overrides, shared) if overrides is not None else None
     teacher = teacher_plan(typed, overrides, shared) if overrides is not None else None
@@ -339,10 +341,16 @@ def _slug(text: str) -> str:
 
 
 def make_run_name(cfg: Config, semantic_sha: str, model_files_sha: str | None = None,
-                  data_content_sha: str | None = None) -> str:
+                  data_content_sha: str | None = None, reward_identity: Mapping[str, Any] | None = None) -> str:
     """Deterministic: the same command finds the same run dir, and every rank agrees on it. A real checkpoint and
     a dataset of your own (data=jsonl) add their content digest: another checkpoint, or another or edited dataset
-    at the same data.path, is another run (not a resume conflict); the synthetic set's spec is in the config."""
+    at the same data.path, is another run (not a resume conflict); the synthetic set's spec is in the config.
+    A reward of your own adds `<function>_<code digest>` after the data (identity.reward, harness.reward_fns
+    .run_name_part): the inputs the run learns from, each with its version, then the seed and the config hash; an
+    edited reward file is another run. The built-in reward adds nothing, and neither does an arm without a reward
+    (SFT, so a warm start serves every reward)."""
+    from harness.reward_fns import run_name_part
+
     lora = [cfg.model.tuning.value] if cfg.model.tuning.value != "full" else []  # a LoRA run says so in its name
     model = cfg.model.name
     if cfg.model.source is Source.pretrained and model_files_sha:  # another checkpoint is another run, not a resume
@@ -350,7 +358,9 @@ def make_run_name(cfg: Config, semantic_sha: str, model_files_sha: str | None = 
     data = cfg.data.name
     if not isinstance(cfg.data, SyntheticData) and data_content_sha:
         data = f"{data}_{data_content_sha[:RUN_NAME_HASH_LEN]}"
-    parts = (cfg.arm.name, model, *lora, data, f"s{cfg.seed}", semantic_sha[:RUN_NAME_HASH_LEN])
+    reward = run_name_part(reward_identity, RUN_NAME_HASH_LEN)
+    parts = (cfg.arm.name, model, *lora, data, *([reward] if reward else []), f"s{cfg.seed}",
+             semantic_sha[:RUN_NAME_HASH_LEN])
     return "-".join(_slug(p) for p in parts)
 
 

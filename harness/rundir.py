@@ -278,11 +278,13 @@ def mismatch_fix(path: Path, diffs: list[FieldDiff], manifest: dict) -> str:
     seed: that would change the experiment)."""
     new_run = f"for a new run, move {path} aside or set another output_root"
     edited = [d for d in diffs if d.field.startswith("identity.reward.")]
-    if edited:
+    if edited:  # rare since the run name carries the reward's code digest (an edit plans another dir): a run dir
+        # reached with another reward all the same (a clash of the name's 8 hex digits, a manifest edited by hand)
         funcs = (manifest.get("identity", {}).get("reward") or {}).get("functions") or {}
-        files = sorted({str((funcs.get(d.field.rsplit(".", 1)[1][:-len("_source_sha256")]) or {}).get("file"))
-                        for d in edited})
-        return (f"the reward function's source ({', '.join(files)}) changed since this run started: restore it to "
+        keys = [d.field.rsplit(".", 1)[1] for d in edited]  # <role>_code_sha256 (<role>_source_sha256: older runs)
+        roles = [k[:-len(s)] for k in keys for s in ("_code_sha256", "_source_sha256") if k.endswith(s)]
+        files = sorted({str((funcs.get(role) or {}).get("file")) for role in roles})  # code_sha256 (all): no role
+        return (f"the reward function's code ({', '.join(files)}) is not the one this run trained with: restore it to "
                 f"resume the run with the reward it trained with; {new_run} with the edited reward")
     return f"run the original command (same files) to resume this run; {new_run}"
 

@@ -47,9 +47,12 @@ def score_policy(plan, data, policy: Policy, *, label: str, policy_ref: str,
 
 def plan_rewards(plan):
     """The plan's reward functions, loaded once per process (eval before, training, periodic and final eval)."""
-    from harness.reward_fns import Rewards
+    from harness.reward_fns import Rewards, check_sources
 
     if _REWARDS[0] is not plan:  # one slot: a sweep's next job in this process replaces the previous one's
+        # a reward file edited between the plan (whose run name carries its code digest) and now, e.g. while a
+        # SLURM job waited in the queue, would train other code under this run's name: refused, naming the file
+        check_sources(plan.config["reward"], plan.identity.get("reward"), plan.run_dir)
         # the reward config as the plan serialized it: what eval artifacts record and compare
         _REWARDS[:] = [plan, Rewards(plan.config["reward"], data_source=plan.cfg.data.name)]
     return _REWARDS[1]

@@ -1,7 +1,7 @@
 """Your own task end to end (issue 36): a 40-row dataset made with PIL and sealed by `python -m harness.data
 manifest`, trained at debug=tiny with the built-in reward (it learns: the warm start writes the format, GRPO sees
 reward differences), and with a reward function from a file outside the package (grpo and papo): the trace's
-rewards are the function's outputs, eval scores with it, an edited file refuses the resume with a field diff, a
+rewards are the function's outputs, eval scores with it, an edited file trains as a new run beside the old one, a
 function that raises leaves the run failed and resumable, and a warm start too short to teach the format stops
 the run before RL with the fix."""
 
@@ -119,16 +119,41 @@ def test_your_reward_is_what_the_run_trains_and_evaluates_on(own, arm):
     assert json.loads((run / "eval/test-before.json").read_text()).get("reused_from") is None
 
 
-def test_an_edited_reward_refuses_the_resume_with_a_field_diff(own):
+def _files(run: Path) -> dict:
+    return {str(p.relative_to(run)): (p.stat().st_mtime_ns, p.read_bytes())
+            for p in sorted(run.rglob("*")) if p.is_file()}
+
+
+def test_an_edited_reward_is_a_new_run_and_the_old_one_is_untouched(own, tmp_path):
+    """The run name carries the reward's code digest: a comment edit finds the trained run (complete, exit 0); an edit
+    of the code trains a new run beside it (exit 0), from the same warm start, and leaves the old run as it was."""
+    out = tmp_path / "out"
+    (out / "runs").mkdir(parents=True)
+    sft, old = run_dir_of(own.out, "sft"), own.run_dir("grpo", custom=True)
+    for d in (sft, old):
+        shutil.copytree(d, out / "runs" / d.name)
+    old = out / "runs" / old.name
     original = own.reward_file.read_text()
     try:
         own.reward_file.write_text(original + "\n# tuned the bonus\n")
-        proc = own.run(own.out, "arm=grpo", *own.custom)
+        commented = own.run(out, "arm=grpo", *own.custom)
+        assert commented.returncode == 0, commented.stderr[-3000:]
+        assert f"run {old.name} is already complete" in commented.stderr  # the trained run, found: no new one
+        assert sorted(p.name for p in (out / "runs").iterdir()) == sorted([sft.name, old.name])
+        before = _files(old)
+        own.reward_file.write_text(original.replace("else 0.0) + bonus", "else 0.0) + 2 * bonus"))
+        edited = own.run(out, "arm=grpo", *own.custom)
     finally:
         own.reward_file.write_text(original)
-    assert proc.returncode == 4, proc.stderr[-3000:]
-    assert "identity.reward.main_source_sha256" in proc.stderr and str(own.reward_file) in proc.stderr
-    assert "seed" not in proc.stderr.split("fix:")[-1]
+    assert edited.returncode == 0, edited.stderr[-3000:]
+    assert "ResumeMismatchError" not in edited.stderr
+    (new,) = [p for p in (out / "runs").iterdir() if p.name not in (sft.name, old.name)]
+    assert new.name.split("-")[3] != old.name.split("-")[3] and new.name.split("-")[3].startswith("colour_")
+    assert new.name.rsplit("-", 1)[1] == old.name.rsplit("-", 1)[1]  # the same config: only the reward's code differs
+    assert verify(new) == [] and _files(old) == before
+    manifest = json.loads((new / "run_manifest.json").read_text())
+    assert manifest["identity"]["reward"]["code_sha256"][:8] == new.name.split("-")[3].rsplit("_", 1)[1]
+    assert {t["components"]["colour"] for t in read_rows(new / "traces/rank-0.jsonl")} <= {0.5, 1.5}  # 2 x the bonus
 
 
 def test_a_raising_reward_leaves_the_run_failed_and_resumable(own, tmp_path):

@@ -203,26 +203,71 @@ def test_an_import_error_is_refused_when_the_run_loads_it(reward_file):
     assert "No module named 'not_a_module_anywhere'" in str(err.value)
 
 
-def test_identity_follows_the_source_and_a_resume_refuses_an_edit(reward_file, tmp_path):
-    """identity.reward carries the file's sha256: an edited reward is a field diff for the resume check, and its
-    fix names the file, never another seed."""
+COMMENTED = '''
+import json, os  # the standard library only
+
+
+def exact(prompts, completions, completion_ids, target, bonus=0.0, **kwargs):
+    # one point for the exact answer, plus the bonus
+    out = [(1.0 if c[0]['content'] == f'<answer>{t}</answer>' else 0.0) + bonus
+           for c, t in zip(completions, target)]
+    return out
+'''  # GOOD's exact with comments, blank lines, other quotes and line breaks; and without the other functions
+
+
+def test_identity_follows_the_code_not_the_comments(reward_file, tmp_path):
+    """identity.reward carries the digest of the parsed code (what the run name carries and a resume compares): a
+    comment or a reformat keeps it, a change of the code or of a docstring does not. The file's bytes are recorded
+    beside it. mismatch_fix, for a run dir reached with another reward all the same, names the file, never a seed."""
     from harness.rundir import identity_diffs, mismatch_fix
 
     _, write = reward_file
     target = write(GOOD)
     cfg = _reward(_target_=f"{target}:exact")
     before = reward_identity(cfg)
-    assert before["main_source_sha256"] and before["functions"]["main"]["file"] == target
-    assert reward_identity(_reward())["functions"]["main"]["source_sha256"] is None  # the code identity covers it
-    write(GOOD + "\n# tuned\n")
+    fn = before["functions"]["main"]
+    assert fn["file"] == target and fn["code_sha256"] == before["main_code_sha256"] and fn["source_sha256"]
+    assert before["code_sha256"] and "main_source_sha256" not in before
+    assert reward_identity(_reward()) == {"functions": {"main": {  # the code identity covers the built-in
+        "target": BUILTIN, "convention": "trl", "file": None, "source_sha256": None, "code_sha256": None}}}
+    write(GOOD + "\n# tuned\n\n\n")
+    commented = reward_identity(cfg)
+    assert commented["functions"]["main"]["source_sha256"] != fn["source_sha256"]  # the bytes changed
+    assert identity_diffs({"reward": before}, {"reward": commented}) == []  # the code did not: the same run
+    write(GOOD.replace("import json, os", "import os, json"))
+    assert reward_identity(cfg)["main_code_sha256"] != fn["code_sha256"]  # any edit of the code counts
+    write('"""Exact match."""' + GOOD)
+    assert reward_identity(cfg)["main_code_sha256"] != fn["code_sha256"]  # a docstring too (it is code: __doc__)
+    write(GOOD.replace("+ bonus", "+ 2 * bonus"))
     after = reward_identity(cfg)
     diffs = identity_diffs({"reward": before}, {"reward": after})
-    assert [d.field for d in diffs] == ["identity.reward.main_source_sha256"]
+    assert [d.field for d in diffs] == ["identity.reward.code_sha256", "identity.reward.main_code_sha256"]
     fix = mismatch_fix(tmp_path / "run", diffs, {"identity": {"reward": before}})
-    assert target in fix and "seed" not in fix
+    assert f"({target})" in fix and "seed" not in fix
+
+
+def test_the_code_digest_ignores_layout_only(tmp_path):
+    """Two layouts of one code are one digest; a coding declaration decodes the literals as the import does; a file
+    that does not parse is digested as bytes."""
+    from harness.reward_fns import code_sha256
+
+    a, b, c = tmp_path / "a.py", tmp_path / "b.py", tmp_path / "c.py"
+    a.write_text(GOOD)
+    b.write_text(COMMENTED)
+    c.write_text(GOOD.split("def length")[0])
+    assert code_sha256(str(b)) == code_sha256(str(c)) != code_sha256(str(a))
+    a.write_bytes("# -*- coding: latin-1 -*-\nX = 'é'\n".encode("latin-1"))
+    b.write_bytes("X = 'é'\n".encode("utf-8"))
+    assert code_sha256(str(a)) == code_sha256(str(b))
+    c.write_bytes(b"\x7fELF\x00 not python")
+    import hashlib
+
+    assert code_sha256(str(c)) == hashlib.sha256(c.read_bytes()).hexdigest()
 
 
 def test_eval_refuses_a_reward_edited_since_the_run(reward_file):
+    """python -m harness.eval of a run: the same code scores it (a comment edit too), an edited code is refused; a run
+    planned before code_sha256 (its identity has the file's bytes) is checked on the bytes."""
     from harness.errors import ResumeMismatchError
     from harness.reward_fns import check_sources
 
@@ -230,11 +275,17 @@ def test_eval_refuses_a_reward_edited_since_the_run(reward_file):
     target = write(GOOD)
     cfg = _reward(_target_=f"{target}:exact")
     recorded = reward_identity(cfg)
+    older = {"functions": recorded["functions"], "main_source_sha256": recorded["functions"]["main"]["source_sha256"]}
     check_sources(cfg, recorded, "RUN")  # unchanged: fine
+    check_sources(cfg, older, "RUN")
     write(GOOD + "\n# tuned\n")
-    with pytest.raises(ResumeMismatchError, match="reward file"):
+    check_sources(cfg, recorded, "RUN")  # a comment: the run's reward all the same
+    write(GOOD.replace("+ bonus", "+ 2 * bonus"))
+    with pytest.raises(ResumeMismatchError, match="reward file") as err:
         check_sources(cfg, recorded, "RUN")
-
+    assert "identity.reward.main_code_sha256" in str(err.value) and target in str(err.value)
+    with pytest.raises(ResumeMismatchError, match="identity.reward.main_source_sha256"):
+        check_sources(cfg, older, "RUN")
 
 
 def test_kwargs_for_the_builtin_reward_are_refused():
