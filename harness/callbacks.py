@@ -93,33 +93,23 @@ class BudgetCallback(TrainerCallback):
 
 
 class SignalCallback(TrainerCallback):
-    """The learning-signal monitor (harness.learning): after a step that sampled a round, every rank's counts of
-    it are gathered (the same merged round on every rank), the monitor judges the window, and rank 0 says once
-    when the reward can no longer move the policy. Training goes on: a comparison keeps its budget parity."""
+    """The learning-signal monitor (harness.learning.observe_round) after every step that sampled a round; rank 0
+    says once when the reward can no longer move the policy. Training goes on (budget parity first)."""
 
     def __init__(self, ctx: RunContext):
         self.ctx = ctx
 
     def on_train_begin(self, args, state, control, **kwargs):
-        mon = self.ctx.signal
-        if mon is not None and mon.finding is not None and self.ctx.rank == 0:  # established before a resume
-            log.warning("NO LEARNING SIGNAL (before this resume): %s\n  %s", mon.finding["text"], mon.finding["fix"])
+        found = self.ctx.signal.finding if self.ctx.signal is not None else None
+        if found is not None and self.ctx.rank == 0:  # established before a resume
+            log.warning("NO LEARNING SIGNAL (before this resume): %s\n  %s", found["text"], found["fix"])
         return control
 
     def on_step_end(self, args, state, control, **kwargs):
-        from harness.learning import RoundStats, no_update_cause
+        from harness.learning import observe_round
 
-        c = self.ctx
-        if c.round_rows is None or c.signal is None:
-            return control
-        step, rows = c.round_rows
-        c.round_rows = None
-        merged = RoundStats.merge(dist.all_gather(RoundStats.of_rows(step, rows)))
-        found = c.signal.observe(merged)
-        c.signal_metrics = {**merged.metrics(),
-                            "signal/no_update": int(c.signal.finding is not None
-                                                    and no_update_cause(merged, c.signal.schema_reward) is not None)}
-        if found is not None and c.rank == 0:
+        found = observe_round(self.ctx)
+        if found is not None and self.ctx.rank == 0:
             log.warning("NO LEARNING SIGNAL: %s\n  %s", found["text"], found["fix"])
         return control
 

@@ -246,6 +246,23 @@ def finding_fix(f: dict) -> str:
             "harder prompts so that groups disagree.")
 
 
+def observe_round(ctx) -> dict | None:
+    """After an optimizer step (harness.callbacks.SignalCallback): the round this step sampled, if any (the reward
+    function left it in `ctx.round_rows`), gathered from every rank (the same merged round on each), judged by
+    `ctx.signal`; its signal/* values go to the step's metrics row. The finding when this round establishes it."""
+    from harness import dist
+
+    if ctx.round_rows is None or ctx.signal is None:
+        return None
+    step, rows = ctx.round_rows
+    ctx.round_rows = None
+    merged = RoundStats.merge(dist.all_gather(RoundStats.of_rows(step, rows)))
+    found = ctx.signal.observe(merged)
+    ctx.signal_metrics = {**merged.metrics(), "signal/no_update": int(
+        ctx.signal.finding is not None and no_update_cause(merged, ctx.signal.schema_reward) is not None)}
+    return found
+
+
 # --- what completion.json says
 
 

@@ -349,7 +349,7 @@ def make_run_name(cfg: Config, semantic_sha: str, model_files_sha: str | None = 
     .run_name_part): the inputs the run learns from, each with its version, then the seed and the config hash; an
     edited reward file is another run. The built-in reward adds nothing, and neither does an arm without a reward
     (SFT, so a warm start serves every reward)."""
-    from harness.reward_fns import run_name_part
+    from harness.reward_identity import run_name_part
 
     lora = [cfg.model.tuning.value] if cfg.model.tuning.value != "full" else []  # a LoRA run says so in its name
     model = cfg.model.name

@@ -164,7 +164,8 @@ def evaluate(job: SimpleNamespace) -> dict:
     from harness.identity import code_identity
     from harness.models import imagecache
     from harness.policy import device_for, eos_token_ids, load_policy
-    from harness.reward_fns import Rewards, check_sources
+    from harness.reward_fns import Rewards
+    from harness.reward_identity import check_sources
 
     c, ident = job.config, job.manifest["identity"]
     check_sources(c["reward"], ident.get("reward"), str(job.run_dir))  # the reward the run trained with, unedited
