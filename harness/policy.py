@@ -278,7 +278,8 @@ def save_final_policy(trainer, run_dir: Path, *, base_path: str, plan) -> dict:
                 "identity": {k: plan.identity.get(k) for k in ("config_sha256", "semantic_sha256", "data", "model")},
                 "files": files, "base_files": portable.pop("base_files"), "portable": portable,
                 "card": "provisional",  # harness.card.publish_card: "final", after the final eval
-                "load": "harness.policy.load_policy(path); without the harness: README.md, section Load"}
+                "load": "harness.policy.load_policy(path); without the harness: docs/training.md, section "
+                        "Training, accounting and the policy"}
     atomic_write_json(tmp / POLICY_MANIFEST, manifest)
     point(f"{plan.kind}.final_policy")  # tests only (harness.faults): a crash before the rename
     if final.exists():

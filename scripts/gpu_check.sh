@@ -5,7 +5,7 @@
 #   scripts/gpu_check.sh --cpu [...]                                     the dry run of the same shape on CPU
 #
 # Which Python: the project's .venv when it exists and (without --cpu) its torch sees a GPU (after ./test.sh's
-# setup with a CUDA torch); else, when .whl/ holds the project's wheels (a bare GPU node: README.md, section "Real checkpoints", says how to make it),
+# setup with a CUDA torch); else, when .whl/ holds the project's wheels (a bare GPU node: docs/real-checkpoints.md, "The GPU check", says how to make it),
 # they are installed into /tmp/site over the machine's own torch and PYTHONPATH=/tmp/site:$PWD; else python3 as
 # it is. The whole log is teed into <out>/gpu_check.log (--out, default $OUT, else outputs/gpu_check), so a check
 # cut short still leaves it; the figures are in <out>/gpu_check.json. Exit status: the driver's (0 = all passed).

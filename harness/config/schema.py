@@ -197,7 +197,7 @@ class PlacementConfig:
     num_machines: int = f(
         1, "machines (nodes) the job spans, each running placement.num_processes ranks; hydra/launcher=slurm submits one "
         "job over that many nodes (srun starts the driver on each), elsewhere run the same command on every machine with "
-        "NODE_RANK, MASTER_ADDR and MASTER_PORT set (README: Scale-out). 2 machines x 1 process trains what 1 x 2 does",
+        "NODE_RANK, MASTER_ADDR and MASTER_PORT set (docs/scale-out.md). 2 machines x 1 process trains what 1 x 2 does",
         semantic=False, ge=1)
     collective_timeout_s: int = f(
         1800, "seconds a rank waits in a collective (all-reduce, barrier, broadcast) before it stops with an error: "

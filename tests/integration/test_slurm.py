@@ -1,5 +1,5 @@
 """Sweeps on a real SLURM cluster (scripts/slurm_local.sh: slurmctld and two slurmd, n1 and n2, on localhost; no
-accounting, so no sacct), through `hydra/launcher=slurm_cpu` exactly as the README runs them:
+accounting, so no sacct), through `hydra/launcher=slurm_cpu` exactly as docs/scale-out.md runs them:
 
 - a sweep of two jobs completes, each job's record naming its SLURM job;
 - submitit's SIGUSR2, a preemption by a job of the higher-priority partition and `scontrol requeue` (SIGTERM)

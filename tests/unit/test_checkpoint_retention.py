@@ -101,7 +101,7 @@ def test_train_keep_last_zero_is_refused_by_the_config(plan_of):
 
 
 def test_the_final_checkpoint_does_not_count_against_keep_last(tmp_path):
-    """At the end of a run (2, 4, 6 and the permanent final 8) keep_last=2 keeps 4 and 6 besides 8, as the README and
+    """At the end of a run (2, 4, 6 and the permanent final 8) keep_last=2 keeps 4 and 6 besides 8, as docs/training.md and
     train.keep_last's help say. Before, the final one counted among the latest 2 and only 6 survived."""
     for step in (2, 4, 6, 8):
         _publish(tmp_path, step, permanent=step == 8)
