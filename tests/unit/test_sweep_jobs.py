@@ -139,3 +139,16 @@ def test_the_sweep_counts_its_jobs_and_each_job_says_which_of_them_it_is(job, mo
         job(lambda: None)
     assert any(r.getMessage().startswith("sweep: job 1 of 6 (#0): output_root=") for r in caplog.records), \
         [r.getMessage() for r in caplog.records][:5]
+
+
+def test_the_objective_is_not_printed_to_a_sweep_that_did_not_ask_for_it(compose_cfg, tmp_path, monkeypatch, caplog):
+    """The objective (what a sweeper such as optuna optimizes) was printed after every job of every sweep
+    ('objective eval/accuracy = ...'): it is a debug line; the job's record keeps the value for a sweeper."""
+    import harness.report.runs as runs
+
+    cfg, _ = compose_cfg(f"output_root={tmp_path}")
+    monkeypatch.setattr(runs, "read_run", lambda path: SimpleNamespace(metrics={"eval/accuracy": 0.625}))
+    with caplog.at_level(logging.DEBUG, logger="harness"):
+        assert sweep.objective(cfg, [f"output_root={tmp_path}"]) == 0.625
+    said = [r for r in caplog.records if r.getMessage().startswith("objective")]
+    assert said and all(r.levelno == logging.DEBUG for r in said), [(r.levelname, r.getMessage()) for r in said]
