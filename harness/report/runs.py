@@ -274,6 +274,9 @@ def read_run(path: Path) -> Run:
     non_semantic = set((manifest.get("identity") or plan.get("identity") or {}).get("non_semantic_fields") or [])
     semantic = {k: v for k, v in flatten(config).items() if k != "seed" and k not in non_semantic
                 and not at_old_default(k, v)}  # runs from before such a field stay one condition
+    reward = ((manifest.get("plan") or {}).get("identity") or manifest.get("identity") or {}).get("reward") or {}
+    if reward.get("code_sha256"):  # a reward file's version, as the run name carries it: an edited reward is
+        semantic["reward.code_sha256"] = reward["code_sha256"][:8]  # another condition, not a duplicate seed
     parent = ((completion or {}).get("parent") or manifest.get("parent") or {})
     split = (config.get("data") or {}).get("eval_split") or "test"
     run = Run(path=path, name=manifest.get("run_name") or path.name, manifest=manifest, completion=completion,

@@ -567,3 +567,23 @@ def test_wall_times_of_runs_that_ran_at_the_same_time_carry_a_caveat(tmp_path):
     assert note.startswith("Wall time compares runs only when they ran under the same machine load")
     assert "2 of these 3 runs ran at the same time as another run of this group" in note
     assert note in md.read_text()
+
+
+def test_two_versions_of_a_reward_file_are_two_conditions(tmp_path):
+    """A reward file edited between two runs of the same config and seed (two run names: the code digest) was one
+    condition with a duplicate seed; the reward's code digest now sets them apart, and the label says which."""
+    import shutil
+
+    root = tmp_path / "o"
+    first = make_run(root, "grpo", 0, 0.5)
+    second = shutil.copytree(first, first.with_name(first.name + "-v2"))
+    for run, code in ((first, "a" * 64), (second, "b" * 64)):
+        m = json.loads((run / "run_manifest.json").read_text())
+        m["run_name"] = run.name
+        m["plan"]["config"]["reward"] = {"_target_": "/home/me/my_reward.py:colour"}
+        m["plan"]["identity"]["reward"] = {"code_sha256": code}
+        _write(run / "run_manifest.json", m)
+    rep, _ = build_report(root)
+    conds = rep["groups"][0]["conditions"]
+    assert sorted(c["label"] for c in conds) == ["grpo (reward.code_sha256=aaaaaaaa)", "grpo (reward.code_sha256=bbbbbbbb)"]
+    assert all(not c["duplicates"] for c in conds)
