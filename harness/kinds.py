@@ -260,7 +260,7 @@ class Rl(Kind):
         if ctx.signal is not None and resume.checkpoint is not None:  # the window goes on from the checkpoint's
             from harness.learning import rounds_of_rows, trace_rows
 
-            for r in rounds_of_rows(trace_rows(ctx.run_dir, ctx.world, up_to_step=resume.manifest["step"])):
+            for r in rounds_of_rows(trace_rows(ctx.run_dir, ctx.world, before_step=resume.manifest["step"])):
                 ctx.signal.observe(r)
 
     @staticmethod

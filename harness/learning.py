@@ -120,15 +120,17 @@ def rounds_of_rows(rows: Iterable[dict]) -> list[RoundStats]:
     return [RoundStats.of_rows(step, by_step[step]) for step in sorted(by_step)]
 
 
-def trace_rows(run_dir: Path | str, world: int, up_to_step: int | None = None) -> list[dict]:
-    """The trace rows of every rank of a run (those of rounds opened at or before `up_to_step`, when given)."""
+def trace_rows(run_dir: Path | str, world: int, before_step: int | None = None) -> list[dict]:
+    """The trace rows of every rank of a run; with `before_step` (a checkpoint's step), only those of rounds sampled
+    before it: another rank's file may still hold rows past that checkpoint's frontier (its own rank truncates it
+    when it reopens it), and the round sampled at the checkpoint's step is sampled again after the resume."""
     from harness.accounting.logs import read_rows, trace_path
 
     out = []
     for rank in range(world):
         path = Path(run_dir) / trace_path(rank)
         if path.is_file():
-            out.extend(r for r in read_rows(path) if up_to_step is None or int(r["step"]) <= up_to_step)
+            out.extend(r for r in read_rows(path) if before_step is None or int(r["step"]) < before_step)
     return out
 
 
@@ -150,18 +152,21 @@ def no_update_cause(r: RoundStats, schema_reward: bool) -> str | None:
 
 class Monitor:
     """Rounds in, one finding out: the first time `window` consecutive rounds had no signal (or, at the end of a
-    run shorter than the window, every one of its rounds). `arm`: the arm's name; `extra_terms`: the arm has
-    terms that do not depend on the reward (papo, evi_po)."""
+    run shorter than the window, every one of its rounds). `schema_reward`: the reward is the built-in one (its
+    score is the answer schema's, so no well-formed answer means no signal); `arm`: the arm's name; `extra_terms`:
+    its active terms that move the policy without the reward (ArmConfig.reward_free_terms)."""
 
-    def __init__(self, window: int, *, schema_reward: bool, arm: str, extra_terms: bool):
+    def __init__(self, window: int, *, schema_reward: bool, arm: str, extra_terms: list[str]):
         self.window, self.schema_reward, self.arm, self.extra_terms = window, schema_reward, arm, extra_terms
-        self.rounds: list[RoundStats] = []
+        self.seen = 0  # rounds observed
         self.stretch: list[RoundStats] = []  # the current run of rounds without signal
-        self.finding: dict | None = None
+        self.finding: dict | None = None  # as said when established
+        self._found: list[RoundStats] | None = None  # the finding's stretch, as far as it went on
+        self._recovered: int | None = None  # the first step with signal after it
 
     def observe(self, r: RoundStats) -> dict | None:
         """The finding when this round establishes it (once per run), else None."""
-        self.rounds.append(r)
+        self.seen += 1
         self.stretch = self.stretch + [r] if no_update_cause(r, self.schema_reward) else []
         if self.finding is not None:
             if self.stretch and self.stretch[0] is self._found[0]:
@@ -175,13 +180,10 @@ class Monitor:
             return self.finding
         return None
 
-    _found: list | None = None
-    _recovered: int | None = None
-
     def end(self) -> dict | None:
         """At the end of the run: the finding over its whole stretch (`recovered_at`: the first round with signal
         after it, None when it lasted to the end), also for a run shorter than the window that never had signal."""
-        if self.finding is None and self.stretch and len(self.stretch) == len(self.rounds):
+        if self.finding is None and self.stretch and len(self.stretch) == self.seen:
             self._found = list(self.stretch)
         if self._found is None:
             return None

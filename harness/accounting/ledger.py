@@ -80,7 +80,7 @@ class HarnessReward:
         truncated = [cut_at_eos(ids, self.eos)[1] for ids in completion_ids]
         # every reward function is called before any ledger row is written: a failing call leaves no trace of the step
         traces = self.rewards.score(prompts, completions, completion_ids, records, truncated, trainer_state)
-        rewards, held, signal = [], [], []
+        rewards, rows = [], []
         for j, (ids, record, tr) in enumerate(zip(completion_ids, records, traces)):
             slot, gen = rnd.slot(ctx.rank, j)
             cid = f"{self.tag}:{step}:{slot}:{gen}"
@@ -89,7 +89,7 @@ class HarnessReward:
                                  "rewards must be finite; check reward.*")
             ctx.ledger.append({"completion_id": cid, "tokens": len(ids), "terminated": not tr.truncated, "step": step,
                                "view": record["key"]})
-            (held.append if self._held is not None else ctx.trace.append)({
+            rows.append({
                 "completion_id": cid, "reward": tr.total, "components": tr.components, "parsed": tr.parsed,
                 "prediction": tr.prediction, "gold": tr.gold, "parser_error": tr.parser_error,
                 "relation": tr.relation, "truncated": tr.truncated, "correct": tr.correct, "view": record["key"],
@@ -98,14 +98,14 @@ class HarnessReward:
             ctx.tokens_used += len(ids)
             ctx.completions += 1
             rewards.append(tr.total)
-            signal.append({"completion_id": cid, "reward": tr.total, "parser_error": tr.parser_error,
-                           "correct": tr.correct, "truncated": tr.truncated})
-        ctx.round_rows = (step, signal)  # the learning-signal monitor's view of this round (harness.learning)
+        ctx.round_rows = (step, rows)  # the learning-signal monitor's view of this round (harness.learning)
         ctx.ledger.flush()
         if self._held is not None:
-            self._held, self._missing = held, set(range(n))
+            self._held, self._missing = rows, set(range(n))
             ctx.trace_pending = n
         else:
+            for r in rows:
+                ctx.trace.append(r)
             ctx.trace.flush()
         return rewards
 

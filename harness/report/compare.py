@@ -17,6 +17,8 @@ import re
 from dataclasses import dataclass, field
 
 from arms import registry
+from harness.config.schema import BUILTIN_REWARD
+from harness.identity import OMIT_AT_DEFAULT
 from harness.report.metrics import EVAL_METRICS, PAIRED_METRICS, TRAIN_METRICS
 from harness.report.runs import PATH_KEYS, Run, budget_kind
 from harness.report.stats import mean_ci, paired_bootstrap
@@ -116,14 +118,10 @@ _ABSENT = object()
 def _resolved(key: str, v: object) -> object:
     """A field a condition lacks because it holds the value runs had before the field existed (left out of the
     hashes and of Run.semantic: harness.identity.OMIT_AT_DEFAULT) is that value; any other absent field stays absent."""
-    from harness.identity import OMIT_AT_DEFAULT
-
     return OMIT_AT_DEFAULT[key] if v is _ABSENT and key in OMIT_AT_DEFAULT else v
 
 
 def _fmt_value(v: object, key: str = "") -> str:
-    from harness.config.schema import BUILTIN_REWARD
-
     v = _resolved(key, v)
     if v is _ABSENT:
         return "–"

@@ -107,3 +107,31 @@ def test_which_terms_move_the_policy_without_the_reward():
     assert EviPoArm(name="evi_po", lambda_evidence=0.0).reward_free_terms() == [
         "the direction term (arm.lambda_direction)"]
     assert OpdArm(name="opd").reward_free_terms() is None  # the monitor does not apply
+
+
+def test_a_resumed_monitor_seeded_from_the_traces_judges_as_an_uninterrupted_one(tmp_path):
+    """Resume equals no resume: the monitor of a run resumed from checkpoint-3 is seeded from the trace rows of the
+    rounds before step 3 of every rank. Rank 1's file still holds rows of the round at step 3 (past the checkpoint's
+    frontier: only rank 1 truncates its own file when it reopens it); they must not count, that round is sampled
+    again after the resume."""
+    import json
+
+    from harness.accounting.logs import trace_path
+    from harness.learning import trace_rows
+
+    plan = [MIXED, FLAT, FLAT, FLAT, FLAT, MIXED]  # per step; rank 0 holds group slot 0.., rank 1 slots 2..
+    by_rank = {r: [row for s, g in enumerate(plan) for row in rows(s, g, rank_offset=2 * r)] for r in (0, 1)}
+    straight = monitor(window=3)
+    for s in range(len(plan)):
+        straight.observe(RoundStats.of_rows(s, [x for r in (0, 1) for x in by_rank[r] if x["step"] == s]))
+    for r, rs in by_rank.items():  # on disk at the resume: rank 0 truncated to the checkpoint, rank 1 not yet
+        path = tmp_path / trace_path(r)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(json.dumps(x) + "\n" for x in rs if r == 1 or x["step"] < 3))
+    resumed = monitor(window=3)
+    for rnd in rounds_of_rows(trace_rows(tmp_path, 2, before_step=3)):
+        resumed.observe(rnd)
+    assert resumed.seen == 3
+    for s in range(3, len(plan)):
+        resumed.observe(RoundStats.of_rows(s, [x for r in (0, 1) for x in by_rank[r] if x["step"] == s]))
+    assert resumed.end() == straight.end() and straight.end()["rounds"] == 4
