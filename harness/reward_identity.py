@@ -21,14 +21,20 @@ from harness.errors import Problem
 from harness.reward_fns import BUILTIN, fn_refs, split_target
 
 
+def file_digests(file: str | None) -> tuple[str | None, str | None]:
+    """(source_sha256, code_sha256) of a file, from one read; (None, None) for no file or one that cannot be read."""
+    if file is None:
+        return None, None
+    try:
+        data = Path(file).read_bytes()
+    except OSError:
+        return None, None
+    return hashlib.sha256(data).hexdigest(), _code_digest(data, file)
+
+
 def source_sha256(file: str | None) -> str | None:
     """The sha256 of the file's bytes (recorded; runs planned before code_sha256 compared it)."""
-    if file is None:
-        return None
-    try:
-        return hashlib.sha256(Path(file).read_bytes()).hexdigest()
-    except OSError:
-        return None
+    return file_digests(file)[0]
 
 
 def _canonical(node: Any) -> str:
@@ -47,12 +53,10 @@ def code_sha256(file: str | None) -> str | None:
     quotes of a string) are left out; every statement, name, constant and docstring is in. The identity compares it
     and the run name carries it: a comment or a reformat of a reward is the same run, any edit that could change
     what it computes is another. A file that does not parse as Python (an extension module) is digested as bytes."""
-    if file is None:
-        return None
-    try:
-        data = Path(file).read_bytes()
-    except OSError:
-        return None
+    return file_digests(file)[1]
+
+
+def _code_digest(data: bytes, file: str) -> str:
     try:
         tree = ast.parse(data, filename=file)  # bytes: a coding declaration decodes the literals, as at import
     except (SyntaxError, ValueError):
@@ -70,11 +74,16 @@ def reward_identity(reward: Mapping[str, Any]) -> dict:
     here. The scope is each target's own file: a helper module it imports is not in it."""
     refs = fn_refs(reward)
     out: dict[str, Any] = {"functions": {}}
+    seen: dict[str, tuple[str | None, str | None]] = {}
     for ref in refs:
         if isinstance(ref, Problem):  # the plan refused it already; nothing to identify
             continue
-        sha = None if ref.builtin else source_sha256(ref.file)
-        code = None if ref.builtin else code_sha256(ref.file)
+        if ref.builtin:
+            sha = code = None
+        else:  # main and components often share one file: read and parsed once
+            if ref.file not in seen:
+                seen[ref.file] = file_digests(ref.file)
+            sha, code = seen[ref.file]
         out["functions"][ref.role] = {"target": ref.target, "convention": ref.convention,
                                       "file": None if ref.builtin else ref.file, "source_sha256": sha,
                                       "code_sha256": code}
