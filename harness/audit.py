@@ -36,6 +36,7 @@ class ResumeAuditCallback(TrainerCallback):
         self.run_dir, self.checkpoint, self.rank = Path(run_dir), Path(checkpoint), rank
         manifest = read_json(self.checkpoint / "harness_checkpoint.json")
         self.expected = manifest["state_digests"][f"rank-{rank}"]
+        self.fmt = manifest.get("digests", 1)  # recomputed in the checkpoint's own digest format (statedigest)
         self.actual: dict = {}
         self.done = False
 
@@ -49,15 +50,17 @@ class ResumeAuditCallback(TrainerCallback):
             if checkpoint is not None and "rng" not in self.actual:
                 from harness.accounting.statedigest import rng_digests
 
-                self.actual["rng"] = rng_digests()
+                self.actual["rng"] = rng_digests(self.fmt)
 
         trainer._load_rng_state = load_rng_state_and_observe
 
     def on_train_begin(self, args, state, control, model=None, optimizer=None, lr_scheduler=None, **kwargs):
         from harness.accounting.statedigest import adapters_digest, optimizer_digest, params_digest, scheduler_digest
 
-        self.actual.update(params=params_digest(model), adapters=adapters_digest(model),
-                           optimizer=optimizer_digest(optimizer), scheduler=scheduler_digest(lr_scheduler))
+        memo = {}  # a tensor shared by two of them is hashed once
+        self.actual.update(params=params_digest(model, self.fmt, memo), adapters=adapters_digest(model, self.fmt, memo),
+                           optimizer=optimizer_digest(optimizer, self.fmt, memo),
+                           scheduler=scheduler_digest(lr_scheduler, self.fmt))
         return control
 
     def on_step_begin(self, args, state, control, **kwargs):

@@ -1,4 +1,5 @@
-"""The harness's TrainerCallbacks: budget stop, metrics log + console line, checkpoint publishing.
+"""The harness's TrainerCallbacks: budget stop, metrics log + console line (checkpoint publishing:
+harness.checkpoint_callback).
 
 Small and single-purpose (TRL style). They share a RunContext that the train stage builds: the
 run dir, the plan, this rank's ledger / trace / metrics logs and the token counters.
@@ -14,10 +15,8 @@ from pathlib import Path
 from transformers import TrainerCallback
 from transformers.trainer_callback import ProgressCallback
 
-from harness.accounting import checkpoint as ckpt
 from harness import dist
 from harness.accounting.logs import AppendLog
-from harness.faults import point
 from harness.halt import signal_name
 from harness.rounds import GenerationRound
 
@@ -239,6 +238,7 @@ class PeriodicEvalCallback(TrainerCallback):
     def __init__(self, ctx: RunContext, every: int, evaluate, write, log):
         # evaluate() -> (result, predictions); write(result, predictions); log(eval_* logs) to every sink
         self.ctx, self.every, self.evaluate, self.write, self.log = ctx, every, evaluate, write, log
+        self.file_digest = None  # the checkpoint's file digests as publish will record them (the train stage sets it)
         self.evaluated = None  # the step evaluated at its end (every rank: the decision is the same on all)
         self.pending = None  # (result, predictions) on rank 0, between step end and save
 
@@ -272,7 +272,8 @@ class PeriodicEvalCallback(TrainerCallback):
         result, preds = self.pending
         self.pending = None
         result.update(step=step, checkpoint=f"checkpoint-{step}", completion_tokens=tokens,
-                      policy_sha256=weights_digest_of_files(Path(args.output_dir) / f"checkpoint-{step}"))
+                      policy_sha256=weights_digest_of_files(Path(args.output_dir) / f"checkpoint-{step}",
+                                                            self.file_digest))
         self.write(result, preds)
         self.log(eval_logs(result))  # TensorBoard, W&B, and metrics.jsonl when no row was logged at this step
         self.ctx.pending_eval = None
@@ -442,51 +443,4 @@ class QuietProgressCallback(ProgressCallback):
             self.current_step = tokens[0]
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        return control
-
-
-class CheckpointCallback(TrainerCallback):
-    """After the Trainer saved checkpoint-<step>: bind the frontier, record digests, publish, retain."""
-
-    def __init__(self, ctx: RunContext, keep_last: int):
-        self.ctx, self.keep_last = ctx, keep_last
-        self.trainer_totals = dict  # set by the train stage: the trainer's counters (e.g. SFT: loss tokens so far)
-        self.published: list[int] = []
-
-    def on_save(self, args, state, control, model=None, optimizer=None, lr_scheduler=None, **kwargs):
-        from harness.accounting.statedigest import state_digests
-
-        step = state.global_step
-        ckpt_dir = Path(args.output_dir) / f"checkpoint-{step}"
-        mine = {"frontier": self.ctx.frontier(), "state": state_digests(model, optimizer, lr_scheduler),
-                "totals": {"completion_tokens": self.ctx.tokens_used, "completions": self.ctx.completions,
-                           **self.trainer_totals()}}
-        # Every rank saved its part of the checkpoint (e.g. its RNG state) before this gather: rank 0 then
-        # digests the files and publishes with every rank's frontier, state digests and counters.
-        everyone = dist.all_gather(mine)
-        if not state.is_world_process_zero:
-            return control
-        # the run's final checkpoint (permanent): training ends here, by the budget, max_steps or TRL's own
-        # stop; a planned stop (a signal, a pause) before that end is a resumable checkpoint like the others
-        final = training_ends_here(self.ctx, state, control)
-        every = self.ctx.plan.cfg.train.eval_steps
-        kept = "eval" if not final and every and step % every == 0 else None  # a periodic eval's (not rotated)
-        # counters of this rank's work add up over ranks; a TRL counter that TRL itself gathers over ranks
-        # ("trl_" prefix) is the same on every rank: rank 0's value, not a sum
-        totals = {k: mine["totals"][k] if k.startswith("trl_") else sum(e["totals"].get(k, 0) for e in everyone)
-                  for k in mine["totals"]}
-        point(f"{self.ctx.plan.kind}.checkpoint")  # tests only (harness.faults): a crash inside the save
-        ckpt.publish(
-            ckpt_dir, step=step, identity=self.ctx.plan.identity,
-            frontier={f"rank-{r}": e["frontier"] for r, e in enumerate(everyone)},
-            state={f"rank-{r}": e["state"] for r, e in enumerate(everyone)},
-            totals={**totals, "loss_tokens": self.ctx.loss_tokens, "stopped_by_budget": self.ctx.stopped_by_budget,
-                    "nonfinite_steps": self.ctx.nonfinite_steps},
-            rank_totals={f"rank-{r}": e["totals"] for r, e in enumerate(everyone)} if len(everyone) > 1 else None,
-            permanent=final, kept=kept,
-        )
-        self.published.append(step)
-        removed = ckpt.apply_retention(self.ctx.run_dir, self.keep_last)
-        log.info("checkpoint %d published%s%s", step, " (final)" if final else "",
-                 f"; removed {', '.join(removed)}" if removed else "")
         return control

@@ -69,7 +69,8 @@ def weights_digest(path: str | Path) -> str | None:
         if (path / name).is_file():
             manifest = read_json(path / name)
             files, base = manifest.get("files") or {}, set(manifest.get("base_files") or ())  # a LoRA's copied base
-            weights = {k: v["sha256"] for k, v in files.items() if is_weight_file(k) and k not in base}
+            # a checkpoint's files carry their xxh3 (digest format 2) or sha256 (format 1, and final_policy's)
+            weights = {k: v.get("xxh3") or v["sha256"] for k, v in files.items() if is_weight_file(k) and k not in base}
             return sha256_text(canonical_json(weights)) if weights else None
     return None
 
@@ -78,13 +79,17 @@ def is_weight_file(rel: str) -> bool:
     return rel.endswith(WEIGHT_SUFFIXES) and not Path(rel).name.startswith(NOT_WEIGHTS)
 
 
-def weights_digest_of_files(path: str | Path) -> str | None:
-    """weights_digest of a directory's weight files as they are on disk (a checkpoint before its manifest is
-    published: the periodic eval's weights); the same value weights_digest gives once it is."""
+def weights_digest_of_files(path: str | Path, file_digest=None) -> str | None:
+    """weights_digest of a directory's weight files as they are on disk; the same value weights_digest gives once
+    its manifest is published, given the digest its manifest records: a checkpoint's (the periodic eval's weights,
+    before the manifest; by default read from the file, in the training process the Recorder's, which publish then
+    reuses: no file is hashed twice), or `sha256_file` for final_policy."""
+    from harness.accounting.filedigest import file_digest as checkpoint_file_digest
     from harness.identity import canonical_json, sha256_text
 
     path = Path(path)
-    weights = {str(p.relative_to(path)): sha256_file(p) for p in sorted(path.rglob("*"))
+    file_digest = file_digest or checkpoint_file_digest
+    weights = {str(p.relative_to(path)): file_digest(p) for p in sorted(path.rglob("*"))
                if p.is_file() and is_weight_file(str(p.relative_to(path)))}
     return sha256_text(canonical_json(weights)) if weights else None
 
@@ -98,7 +103,7 @@ def final_policy_identity(run_dir: str | Path) -> dict:
     run = Path(run_dir)
     path = (run / "final_policy").resolve()
     done = (run / "completion.json").is_file()
-    out = {"path": str(path), "weights_sha256": weights_digest_of_files(path) if done else None,
+    out = {"path": str(path), "weights_sha256": weights_digest_of_files(path, sha256_file) if done else None,
            "run_name": run.name, "arm": None, "semantic_sha256": None, "eval_accuracy": None, "eval_split": None}
     if (run / "run_manifest.json").is_file():
         plan = json.loads((run / "run_manifest.json").read_text())["plan"]

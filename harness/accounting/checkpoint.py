@@ -2,9 +2,13 @@
 
 A checkpoint directory (checkpoints/checkpoint-<step>/) written by the Trainer counts only once
 `harness_checkpoint.json` is published in it, last and atomically. It lists every file with its
-sha256 and size, the accounting frontier (ledgers, traces, metrics), the training-state digests
+digest and size, the accounting frontier (ledgers, traces, metrics), the training-state digests
 the resume audit compares, and the run's identity. Retention keeps the latest `keep_last`
 complete checkpoints plus the permanent ones (final).
+
+Digest format (the manifest's "digests"): 2, xxh3-128 with each byte hashed once (harness.accounting.filedigest,
+harness.accounting.tensorfiles); absent, 1: sha256 of whole files and of the state (checkpoints written before).
+Both verify and resume; a new checkpoint is always written in format 2.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from harness.accounting.filedigest import ALGORITHM, FORMAT, file_digest
 from harness.identity import sha256_file
 from harness.rundir import atomic_write_json, fsync_dir, identity_diffs, now, read_json
 
@@ -26,25 +31,39 @@ log = logging.getLogger("harness")
 
 
 def file_digests(ckpt_dir: Path) -> dict[str, dict[str, Any]]:
+    """Every file's format-2 digest read from the file (the training process lends the digests it took in memory:
+    harness.accounting.tensorfiles.Recorder.checkpoint_files gives the same values)."""
     return {
-        str(p.relative_to(ckpt_dir)): {"sha256": sha256_file(p), "size": p.stat().st_size}
+        str(p.relative_to(ckpt_dir)): {ALGORITHM: file_digest(p), "size": p.stat().st_size}
         for p in sorted(ckpt_dir.rglob("*"))
         if p.is_file() and p.name != CHECKPOINT_MANIFEST and not p.name.endswith(".tmp")
     }
 
 
+def recorded_digest(meta: dict) -> tuple[str, str]:
+    """(algorithm, digest) of one file's manifest entry: format 2's xxh3, or format 1's sha256."""
+    return (ALGORITHM, meta[ALGORITHM]) if ALGORITHM in meta else ("sha256", meta["sha256"])
+
+
+def digest_on_disk(path: Path, algorithm: str) -> str:
+    return file_digest(path) if algorithm == ALGORITHM else sha256_file(path)
+
+
 def publish(ckpt_dir: Path, *, step: int, identity: dict, frontier: dict, state: dict, totals: dict,
-            permanent: bool, rank_totals: dict | None = None, kept: str | None = None) -> dict:
+            permanent: bool, rank_totals: dict | None = None, kept: str | None = None,
+            files: dict | None = None) -> dict:
     """Write harness_checkpoint.json last: from now on the checkpoint counts. `permanent`: the run's final one;
-    `kept`: why retention must not remove it either ("eval": a periodic eval scored its weights)."""
+    `kept`: why retention must not remove it either ("eval": a periodic eval scored its weights). `files`: the
+    digests of every file, when the training process took them as it wrote (else read from the files here)."""
     manifest = {
         "version": 1,
+        "digests": FORMAT,
         "step": step,
         "created_at": now(),
         "permanent": permanent,
         **({"kept": kept} if kept else {}),
         "identity": {k: identity.get(k) for k in ("config_sha256", "semantic_sha256", "data", "model", "teacher", "code")},
-        "files": file_digests(ckpt_dir),
+        "files": file_digests(ckpt_dir) if files is None else files,
         "frontier": frontier,
         "state_digests": state,
         "totals": totals,  # all ranks together
@@ -79,8 +98,10 @@ def checkpoint_problems(ckpt_dir: Path, *, deep: bool = True, identity: dict | N
             out.append(f"{ckpt_dir.name}/{rel}: missing")
         elif p.stat().st_size != meta["size"]:
             out.append(f"{ckpt_dir.name}/{rel}: size {p.stat().st_size} != recorded {meta['size']}")
-        elif deep and sha256_file(p) != meta["sha256"]:
-            out.append(f"{ckpt_dir.name}/{rel}: sha256 differs from the recorded digest")
+        elif deep:
+            algorithm, want = recorded_digest(meta)
+            if digest_on_disk(p, algorithm) != want:
+                out.append(f"{ckpt_dir.name}/{rel}: {algorithm} differs from the recorded digest")
     return out
 
 

@@ -3,6 +3,14 @@
 Recorded in each checkpoint's harness_checkpoint.json at save time; the resume audit recomputes
 them after the trainer restored a checkpoint in a new process and compares. Imports torch: call
 only from the training process.
+
+Two formats (the checkpoint manifest's "digests"; harness.accounting.filedigest.FORMAT):
+
+    2  xxh3-128. A tensor contributes its dtype, shape and the xxh3-128 of its bytes, hashed in place (no copy
+       of a CPU tensor); a `memo` lets one checkpoint hash each tensor's bytes once for the state digests and the
+       file digests of the files that hold them (harness.accounting.tensorfiles).
+    1  sha256 over the same walk with each tensor's bytes fed to the one hash (checkpoints written before
+       format 2; a resume from one is audited in its format). Also without a copy.
 """
 
 from __future__ import annotations
@@ -14,86 +22,120 @@ from typing import Any
 
 import numpy as np
 import torch
+import xxhash
+
+FORMAT = 2
+
+Memo = dict  # (device, data pointer, byte length) -> xxh3-128 digest of those bytes, for one checkpoint
 
 
-def _update_tensor(h: "hashlib._Hash", t: torch.Tensor) -> None:
-    t = t.detach().cpu().contiguous()
-    h.update(f"{t.dtype}{tuple(t.shape)}".encode())
-    if t.numel():
-        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+def _host_bytes(t: torch.Tensor) -> np.ndarray:
+    """The tensor's bytes as a uint8 array: a view of its memory (a CPU tensor, contiguous), else a host copy."""
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    if not t.is_contiguous():
+        t = t.contiguous()
+    return t.reshape(-1).view(torch.uint8).numpy()
 
 
-def _update_obj(h: "hashlib._Hash", obj: Any) -> None:
+def tensor_key(t: torch.Tensor) -> tuple:
+    return (str(t.device), t.data_ptr(), t.numel() * t.element_size())
+
+
+def tensor_digest(t: torch.Tensor, memo: Memo | None = None) -> bytes:
+    """xxh3-128 of the tensor's bytes; looked up in (and added to) `memo` when it is a contiguous tensor."""
+    key = tensor_key(t) if memo is not None and t.is_contiguous() else None
+    if key is not None and key in memo:
+        return memo[key]
+    d = xxhash.xxh3_128(_host_bytes(t) if t.numel() else b"").digest()
+    if key is not None:
+        memo[key] = d
+    return d
+
+
+def _update_obj(h, obj: Any, fmt: int, memo: Memo | None) -> None:
     """Hash nested containers of tensors and plain values in a stable order."""
     if isinstance(obj, torch.Tensor):
-        _update_tensor(h, obj)
+        h.update(f"{obj.dtype}{tuple(obj.shape)}".encode())
+        if fmt >= 2:
+            h.update(tensor_digest(obj, memo))
+        elif obj.numel():
+            h.update(_host_bytes(obj))
     elif isinstance(obj, np.ndarray):
         h.update(f"nd{obj.dtype}{obj.shape}".encode())
-        h.update(np.ascontiguousarray(obj).tobytes())
+        h.update(np.ascontiguousarray(obj).reshape(-1).view(np.uint8))
     elif isinstance(obj, dict):
         for k in sorted(obj, key=str):
             h.update(f"k:{k!s};".encode())
-            _update_obj(h, obj[k])
+            _update_obj(h, obj[k], fmt, memo)
     elif isinstance(obj, (list, tuple)):
         h.update(f"l{len(obj)};".encode())
         for x in obj:
-            _update_obj(h, x)
+            _update_obj(h, x, fmt, memo)
     else:
         h.update(json.dumps(obj, default=repr).encode())
 
 
-def digest(obj: Any) -> str:
-    h = hashlib.sha256()
-    _update_obj(h, obj)
+def digest(obj: Any, fmt: int = FORMAT, memo: Memo | None = None) -> str:
+    if fmt not in (1, 2):
+        raise ValueError(f"unknown state digest format {fmt!r} (this harness knows 1 and 2)")
+    h = xxhash.xxh3_128() if fmt >= 2 else hashlib.sha256()
+    _update_obj(h, obj, fmt, memo)
     return h.hexdigest()
 
 
-def params_digest(model: torch.nn.Module) -> str:
+def params_digest(model: torch.nn.Module, fmt: int = FORMAT, memo: Memo | None = None) -> str:
     """Trainable parameters only (a frozen base is covered by the model identity)."""
-    return digest({n: p for n, p in model.named_parameters() if p.requires_grad})
+    return digest({n: p for n, p in model.named_parameters() if p.requires_grad}, fmt, memo)
 
 
-def optimizer_digest(optimizer: Any) -> str | None:
-    if optimizer is None:
-        return None
-    opt = getattr(optimizer, "optimizer", optimizer)  # accelerate wraps it
-    return digest(opt.state_dict())
+def optimizer_state(optimizer: Any) -> dict | None:
+    """The optimizer's state_dict (what the Trainer saves to optimizer.pt): references to its state tensors."""
+    return None if optimizer is None else getattr(optimizer, "optimizer", optimizer).state_dict()  # accelerate wraps it
 
 
-def scheduler_digest(scheduler: Any) -> str | None:
-    return None if scheduler is None else digest(scheduler.state_dict())
+def optimizer_digest(optimizer: Any, fmt: int = FORMAT, memo: Memo | None = None) -> str | None:
+    state = optimizer_state(optimizer)
+    return None if state is None else digest(state, fmt, memo)
+
+
+def scheduler_digest(scheduler: Any, fmt: int = FORMAT) -> str | None:
+    return None if scheduler is None else digest(scheduler.state_dict(), fmt)
 
 
 HOST_RNG_STREAMS = ("python", "numpy", "torch_cpu")  # always digested; "cuda" only where CUDA is in use
 
 
-def rng_digests() -> dict[str, str | None]:
+def rng_digests(fmt: int = FORMAT) -> dict[str, str | None]:
     """Every RNG stream the Trainer checkpoints: the host ones (HOST_RNG_STREAMS) and cuda (None without CUDA)."""
     out = {
-        "python": digest(list(random.getstate())),
-        "numpy": digest(list(np.random.get_state())),
-        "torch_cpu": digest(torch.get_rng_state()),
+        "python": digest(list(random.getstate()), fmt),
+        "numpy": digest(list(np.random.get_state()), fmt),
+        "torch_cpu": digest(torch.get_rng_state(), fmt),
         "cuda": None,
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        out["cuda"] = digest(torch.cuda.get_rng_state_all())
+        out["cuda"] = digest(torch.cuda.get_rng_state_all(), fmt)
     return out
 
 
-def adapters_digest(model: torch.nn.Module) -> str | None:
+def adapters_digest(model: torch.nn.Module, fmt: int = FORMAT, memo: Memo | None = None) -> str | None:
     """Every PEFT adapter's weights, frozen ones included (with beta > 0, TRL keeps the reference policy as
     a frozen "ref" adapter next to the trained "default" one: restoring only one of them would go unseen
     by a trainable-parameters digest). None for a model without adapters."""
     if not hasattr(model, "peft_config"):
         return None
-    return digest({n: p for n, p in model.named_parameters() if "lora_" in n or "modules_to_save" in n})
+    return digest({n: p for n, p in model.named_parameters() if "lora_" in n or "modules_to_save" in n}, fmt, memo)
 
 
-def state_digests(model, optimizer, scheduler) -> dict:
+def state_digests(model, optimizer, scheduler, fmt: int = FORMAT, memo: Memo | None = None) -> dict:
+    """`memo`: digests of tensor bytes already taken in this checkpoint (only for the long-lived tensors:
+    parameters and optimizer state, whose memory cannot have been reused since)."""
     return {
-        "params": params_digest(model),
-        "adapters": adapters_digest(model),
-        "optimizer": optimizer_digest(optimizer),
-        "scheduler": scheduler_digest(scheduler),
-        "rng": rng_digests(),
+        "params": params_digest(model, fmt, memo),
+        "adapters": adapters_digest(model, fmt, memo),
+        "optimizer": optimizer_digest(optimizer, fmt, memo),
+        "scheduler": scheduler_digest(scheduler, fmt),
+        "rng": rng_digests(fmt),
     }

@@ -109,6 +109,23 @@ def _check_explicit(explicit: str | None, chosen: Path | None) -> None:
             "(another output_root) from that checkpoint with arm.init=<its path>")
 
 
+def needs_strict_load(model, checkpoint: Path) -> bool:
+    """Whether the Trainer's own load would miss weights: the checkpoint names a tensor the model's state_dict
+    does not (Qwen-VL's on-disk names, below). Where every name is the model's, the stock load restores them all
+    and a second, strict load would read the weights twice; the resume audit proves the restore either way."""
+    from harness.accounting.filedigest import safetensors_keys
+
+    index = checkpoint / "model.safetensors.index.json"
+    try:
+        if index.is_file():
+            keys = set(read_json(index)["weight_map"])
+        else:
+            keys = safetensors_keys(checkpoint / "model.safetensors")
+    except (OSError, ValueError, KeyError):
+        return True  # not the layout the stock load reads: the strict load decides (and says what is wrong)
+    return not keys <= set(model.state_dict())
+
+
 def load_full_weights_strictly(model, checkpoint: Path) -> None:
     """The fix for the Qwen-VL full fine-tuning resume pitfall (docs/platform.md).
 

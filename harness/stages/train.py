@@ -15,16 +15,18 @@ from arms import build_trainer
 from arms.common import BuildContext, trainer_totals
 from harness import dist
 from harness.accounting.logs import METRICS_PATH, AppendLog, Frontier
-from harness.callbacks import (BudgetCallback, CheckpointCallback, FirstStepCallback, HaltCallback, MetricsCallback,
+from harness.callbacks import (BudgetCallback, FirstStepCallback, HaltCallback, MetricsCallback,
                                NonFiniteCallback, QuietProgressCallback, RunContext, SignalCallback,
                                TrackioCallback, WatchdogCallback)
+from harness.checkpoint_callback import CheckpointCallback
 from harness.errors import NonFiniteError, Problem
 from harness.diagnostics import StackDumps
 from harness.eval.during import eval_before, periodic_eval
 from harness.halt import Halt, Halted
 from harness.loggers import close_loggers, open_run_loggers
 from harness.policy import Policy, device_of
-from harness.stages.resume import ResumePoint, load_final_weights, load_full_weights_strictly, stock_resume
+from harness.stages.resume import (ResumePoint, load_final_weights, load_full_weights_strictly, needs_strict_load,
+                                   stock_resume)
 
 log = logging.getLogger("harness")
 
@@ -76,6 +78,7 @@ def build(plan, run_dir: Path, data, policy: Policy, ctx: RunContext, resume: Re
     checkpoints.trainer_totals = lambda: trainer_totals(trainer)  # the counters protocol
     if periodic is not None:  # its eval_* values to every sink (TensorBoard, W&B; metrics.jsonl if not logged yet)
         periodic.log = lambda logs: trainer.callback_handler.on_log(trainer.args, trainer.state, trainer.control, logs)
+        periodic.file_digest = lambda path: checkpoints.recorder.file_digest(path)  # as publish records it, once
     if resume.checkpoint is not None and hasattr(trainer, "restore_checkpoint_totals"):
         trainer.restore_checkpoint_totals(resume.totals(ctx.rank))
     plan.kind.built(trainer, ctx)  # SFT: the loss tokens its trainer planned
@@ -105,7 +108,7 @@ def train(plan, run_dir: Path, data, policy: Policy, resume: ResumePoint, clock,
         audit = ResumeAuditCallback(run_dir, resume.checkpoint, rank=ctx.rank)
         audit.attach(trainer)
         trainer.add_callback(audit)
-        if plan.cfg.model.tuning == "full" and not stock_resume():
+        if plan.cfg.model.tuning == "full" and not stock_resume() and needs_strict_load(policy.model, resume.checkpoint):
             load_full_weights_strictly(policy.model, resume.checkpoint)
     failed = True
     try:

@@ -156,7 +156,7 @@ def flip_an_optimizer_byte(run: Path) -> tuple[str, str]:
     data = bytearray(p.read_bytes())
     data[len(data) // 2] ^= 0x01
     p.write_bytes(bytes(data))
-    return "checkpoint-4/optimizer.pt: sha256 differs", "checkpoint-2"
+    return "checkpoint-4/optimizer.pt: xxh3 differs", "checkpoint-2"
 
 
 def remove_rng_state(run: Path) -> tuple[str, str]:
@@ -213,7 +213,7 @@ def damage_every_checkpoint(run: Path) -> tuple[str, str]:
         data = bytearray(p.read_bytes())
         data[-1] ^= 0xFF
         p.write_bytes(bytes(data))
-    return "checkpoint-2/model.safetensors: sha256 differs", "refused: no checkpoint of"
+    return "checkpoint-2/model.safetensors: xxh3 differs", "refused: no checkpoint of"
 
 
 DAMAGE = [truncate_safetensors, flip_an_optimizer_byte, remove_rng_state, empty_trainer_state,

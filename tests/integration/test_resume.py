@@ -129,7 +129,7 @@ def _corrupt(kind: str, ckpt: Path) -> str:
         data = bytearray(p.read_bytes())
         data[-1] ^= 0xFF
         p.write_bytes(bytes(data))
-        return "sha256 differs"
+        return "xxh3 differs from the recorded digest"
     (ckpt / "optimizer.pt").unlink()
     return "optimizer.pt: missing"
 

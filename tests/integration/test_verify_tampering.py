@@ -337,7 +337,51 @@ def edit_sft_first_loss(run: Path) -> list[str]:
 
 
 TWO_RANKS = [pytest.mark.multiprocess, pytest.mark.slow]  # a two-rank source run costs ~40 s
+def _flip(p: Path, at: int) -> None:
+    data = bytearray(p.read_bytes())
+    data[at] ^= 0x01
+    p.write_bytes(bytes(data))
+
+
+def flip_a_weight_in_the_final_checkpoint(run: Path) -> list[str]:
+    """A byte inside a tensor of the weights (digest format 2 took that range's digest from memory at save)."""
+    name, _ = _final(run)
+    p = run / "checkpoints" / name / "model.safetensors"
+    _flip(p, p.stat().st_size - 3)
+    return [f"{name}/model.safetensors: xxh3 differs from the recorded digest"]
+
+
+def flip_a_zip_record_of_the_optimizer_state(run: Path) -> list[str]:
+    """A byte of optimizer.pt outside every stored entry: the zip's own records are hashed too."""
+    name, _ = _final(run)
+    p = run / "checkpoints" / name / "optimizer.pt"
+    _flip(p, p.stat().st_size - 30)  # the end of the central directory
+    return [f"{name}/optimizer.pt: xxh3 differs from the recorded digest"]
+
+
+def as_format_1(run: Path) -> None:
+    """The run dir as the harness wrote it before digest format 2: sha256 of whole files, no "digests"."""
+    from harness.identity import sha256_file
+
+    for c in complete_checkpoints(run):
+        m = _json(c / CHECKPOINT_MANIFEST)
+        m.pop("digests")
+        m["files"] = {rel: {"sha256": sha256_file(c / rel), "size": f["size"]} for rel, f in m["files"].items()}
+        _write_json(c / CHECKPOINT_MANIFEST, m)
+
+
+def flip_an_optimizer_byte_of_a_format_1_run(run: Path) -> list[str]:
+    as_format_1(run)
+    name, _ = _final(run)
+    p = run / "checkpoints" / name / "optimizer.pt"
+    _flip(p, p.stat().st_size // 2)
+    return [f"{name}/optimizer.pt: sha256 differs from the recorded digest"]
+
+
 CASES = [
+    pytest.param("one_rank:grpo", flip_a_weight_in_the_final_checkpoint, id="checkpoint-weight-byte-flipped"),
+    pytest.param("one_rank:grpo", flip_a_zip_record_of_the_optimizer_state, id="checkpoint-zip-record-flipped"),
+    pytest.param("one_rank:grpo", flip_an_optimizer_byte_of_a_format_1_run, id="format-1-optimizer-byte-flipped"),
     pytest.param("one_rank:grpo", edit_ledger_tokens, id="ledger-tokens-edited"),
     pytest.param("one_rank:grpo", edit_ledger_tokens_in_an_earlier_checkpoints_segment,
                  id="ledger-tokens-edited-in-an-earlier-segment"),
@@ -376,6 +420,13 @@ def test_the_untampered_copy_verifies(request, tmp_path, which):
 def test_tampering_is_reported_exactly(request, tmp_path, which, tamper):
     run = _copy(request, which, tmp_path)
     assert_violations(run, tamper(run))
+
+
+def test_a_run_dir_of_digest_format_1_still_verifies(request, tmp_path):
+    """Old run dirs (sha256 file digests, before issue 47) verify clean."""
+    run = _copy(request, "one_rank:grpo", tmp_path)
+    as_format_1(run)
+    assert verify(run) == []
 
 
 def test_a_run_dir_under_another_name(request, tmp_path):

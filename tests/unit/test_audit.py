@@ -26,10 +26,12 @@ class TwoAdapters(torch.nn.Module):
         self.peft_config = {"default": None, "ref": None}
 
 
-def _checkpoint(tmp_path, model, opt, sched):
+def _checkpoint(tmp_path, model, opt, sched, fmt: int = 2):
     ckpt = tmp_path / "checkpoints" / "checkpoint-4"
     ckpt.mkdir(parents=True)
-    (ckpt / "harness_checkpoint.json").write_text(json.dumps({"state_digests": {"rank-0": state_digests(model, opt, sched)}}))
+    digests = {"rank-0": state_digests(model, opt, sched, fmt)}
+    manifest = {"digests": 2, "state_digests": digests} if fmt == 2 else {"state_digests": digests}  # 1: no key
+    (ckpt / "harness_checkpoint.json").write_text(json.dumps(manifest))
     return ckpt
 
 
@@ -38,8 +40,19 @@ def _audit(tmp_path, ckpt, model, opt, sched):
     cb.on_train_begin(None, None, None, model=model, optimizer=opt, lr_scheduler=sched)
     from harness.accounting.statedigest import rng_digests
 
-    cb.actual["rng"] = rng_digests()
+    cb.actual["rng"] = rng_digests(cb.fmt)
     return cb
+
+
+def test_a_checkpoint_of_digest_format_1_is_audited_in_format_1(tmp_path):
+    """A run dir written before digest format 2 resumes: its sha256 state digests are recomputed as sha256."""
+    model, opt, sched = _setup()
+    ckpt = _checkpoint(tmp_path, model, opt, sched, fmt=1)
+    assert _audit(tmp_path, ckpt, model, opt, sched).finish(4)["status"] == "passed"
+    with torch.no_grad():
+        model.lora_default.weight.add_(1e-3)
+    with pytest.raises(ResumeAuditError, match="params"):
+        _audit(tmp_path, ckpt, model, opt, sched).finish(4)
 
 
 def _setup():

@@ -42,6 +42,32 @@ def test_private_signatures_the_arms_rely_on():
         "self", "model", "inputs", "return_outputs", "num_items_in_batch"]
 
 
+def test_safetensors_hands_its_writer_each_tensors_memory(tmp_path):
+    """harness.accounting.tensorfiles wraps safetensors.torch.serialize_file (NOTE(safetensors-0.8)): save_file,
+    under any name it was imported, calls that module global with a TensorSpec (data_ptr, data_len) per tensor,
+    pointing at a CPU tensor's own memory."""
+    import safetensors
+    import safetensors.torch as st
+
+    assert safetensors.__version__ == "0.8.0"
+    assert list(inspect.signature(st.serialize_file).parameters) == ["tensor_dict", "filename", "metadata"]
+    seen, original = {}, st.serialize_file
+
+    def spy(tensor_dict, filename, metadata=None):
+        seen.update({k: (s.data_ptr, s.data_len) for k, s in tensor_dict.items()})
+        return original(tensor_dict, filename, metadata=metadata)
+
+    t = torch.arange(6, dtype=torch.float32)
+    st.serialize_file = spy
+    try:
+        from transformers.modeling_utils import safe_save_file  # imported under its own name
+
+        safe_save_file({"t": t}, str(tmp_path / "x.safetensors"))
+    finally:
+        st.serialize_file = original
+    assert seen == {"t": (t.data_ptr(), 24)}
+
+
 def test_compute_loss_runs_one_policy_forward_through_the_helper():
     from trl import GRPOTrainer
 

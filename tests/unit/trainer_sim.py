@@ -28,7 +28,8 @@ from transformers.trainer_callback import CallbackHandler, DefaultFlowCallback
 from transformers.trainer_utils import IntervalStrategy, SaveStrategy
 
 from harness import dist
-from harness.callbacks import BudgetCallback, CheckpointCallback, HaltCallback, RunContext
+from harness.callbacks import BudgetCallback, HaltCallback, RunContext
+from harness.checkpoint_callback import CheckpointCallback
 from harness.halt import Halt
 from harness.stages.resume import ResumePoint
 from harness.stages.train import open_logs

@@ -1,0 +1,173 @@
+"""A checkpoint's tensor files, digested from memory: each byte of a checkpoint hashed once. Imports torch.
+
+The Trainer writes a checkpoint's weights from the model's memory (safetensors) and its optimizer state from the
+optimizer's (torch.save). The resume audit needs digests of that memory (harness.accounting.statedigest); the
+verify needs digests of the files (harness.accounting.filedigest). Hashing both would read every byte twice. A
+`Recorder` takes the digest of each tensor once and hands it to both:
+
+- the weights: safetensors' writer is handed every tensor's data pointer and length; the recorder hashes that
+  memory as it is written and keeps the digest under the file and tensor name (the file's tensor ranges), and
+  under the memory's address (the state digests of the same parameters then find it in the memo);
+- the optimizer state: its tensors are hashed in memory for the state digests; the recorder finds which entry
+  of optimizer.pt holds which of them from the zip's pickle (read without torch: filedigest.torch_zip_structure)
+  and lends the entry its tensor's digest when the tensor is exactly the entry's bytes.
+
+Whatever it cannot match exactly (a tensor converted before writing, a sharded optimizer, a file another way
+wrote) is read from the file, as verify does: the memo only saves time, it never decides a digest.
+
+NOTE(safetensors-0.8): the weights are seen by wrapping `safetensors.torch.serialize_file`, the one call every
+`safetensors.torch.save_file` makes (transformers, the Trainer and PEFT import save_file under their own names);
+tests/unit/test_trl_contract.py pins its signature and the TensorSpec fields read here.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+import xxhash
+
+from harness.accounting.filedigest import Range, TensorRef, file_digest, torch_zip_structure
+from harness.accounting.statedigest import Memo, tensor_digest
+
+_CHECKPOINT = re.compile(r"checkpoint-\d+$")
+_RECORDERS: dict[Path, "Recorder"] = {}
+_original_serialize = None
+
+
+class Recorder:
+    """The digests taken in one checkpoint of the Trainer output_dir `root` (cleared by `forget` once published)."""
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root).resolve()
+        self.memo: Memo = {}
+        self.written: dict[Path, dict[str, tuple[int, bytes]]] = {}  # file -> {tensor: (bytes, digest)}
+        self.digests: dict[Path, tuple[int, int, str]] = {}  # file -> (size, mtime_ns, digest): asked twice, hashed once
+
+    def saw(self, filename: Path, specs: dict) -> None:
+        tensors = {}
+        for key, spec in specs.items():
+            n, ptr = int(spec.data_len), int(spec.data_ptr)
+            d = xxhash.xxh3_128((ctypes.c_char * n).from_address(ptr) if n else b"").digest()
+            tensors[key] = (n, d)
+            self.memo[("cpu", ptr, n)] = d  # a CPU tensor is written from its own memory
+        self.written[filename] = tensors
+
+    def file_digest(self, path: Path, saved: Any = None) -> str:
+        """The format-2 digest of one file of the checkpoint; `saved`: the object torch.save wrote to it, if known."""
+        path = Path(path).resolve()
+        st = path.stat()
+        hit = self.digests.get(path)
+        if hit and hit[:2] == (st.st_size, st.st_mtime_ns):
+            return hit[2]
+        d = file_digest(path, self._known(path, saved))
+        self.digests[path] = (st.st_size, st.st_mtime_ns, d)
+        return d
+
+    def _known(self, path: Path, saved: Any):
+        if path in self.written:
+            tensors = self.written[path]
+
+            def from_write(r: Range) -> bytes | None:
+                got = tensors.get(r.name[len("tensor:"):]) if r.name.startswith("tensor:") else None
+                return got[1] if got and got[0] == r.end - r.start else None
+
+            return from_write
+        if saved is None:
+            return None
+        try:
+            structure, archive = torch_zip_structure(path)
+        except ValueError:
+            return None
+        pairs: dict[str, tuple[torch.Tensor, TensorRef]] = {}
+        _pair(saved, structure, pairs)
+        entries = {f"entry:{archive}/data/{key}": pair for key, pair in pairs.items()}
+
+        def from_memory(r: Range) -> bytes | None:
+            pair = entries.get(r.name)
+            if pair is None:
+                return None
+            t, ref = pair
+            n = t.numel() * t.element_size()
+            whole = (t.is_contiguous() and t.storage_offset() == 0 and ref.offset == 0 and ref.shape == tuple(t.shape)
+                     and t.untyped_storage().nbytes() == n == r.end - r.start)
+            return tensor_digest(t, self.memo) if whole else None
+
+        return from_memory
+
+    def checkpoint_files(self, ckpt_dir: Path, saved: dict[str, Any] | None = None) -> dict[str, dict]:
+        """{relative path: {"xxh3", "size"}} of every file of the checkpoint but its manifest (what publish records)."""
+        from harness.accounting.checkpoint import CHECKPOINT_MANIFEST
+
+        saved = saved or {}
+        return {str(p.relative_to(ckpt_dir)): {"xxh3": self.file_digest(p, saved.get(p.name)), "size": p.stat().st_size}
+                for p in sorted(Path(ckpt_dir).rglob("*"))
+                if p.is_file() and p.name != CHECKPOINT_MANIFEST and not p.name.endswith(".tmp")}
+
+    def forget(self) -> None:
+        """After the checkpoint is published: the next step changes the memory these digests describe."""
+        self.memo.clear()
+        self.written.clear()
+        self.digests.clear()
+
+    def close(self) -> None:
+        if _RECORDERS.get(self.root) is self:
+            del _RECORDERS[self.root]
+
+
+def _pair(mem: Any, ref: Any, out: dict) -> None:
+    """Walk the object in memory and its pickled structure together: each storage key's first tensor."""
+    if isinstance(ref, TensorRef):
+        if isinstance(mem, torch.Tensor):
+            out.setdefault(ref.storage.key, (mem, ref))
+    elif isinstance(ref, dict) and isinstance(mem, dict):
+        for k, v in ref.items():
+            if k in mem:
+                _pair(mem[k], v, out)
+    elif isinstance(ref, (list, tuple)) and isinstance(mem, (list, tuple)) and len(ref) == len(mem):
+        for a, b in zip(mem, ref):
+            _pair(a, b, out)
+
+
+def _serialize_file(tensor_dict, filename, metadata=None):
+    path = Path(filename).resolve()
+    for root, rec in list(_RECORDERS.items()):
+        if path.is_relative_to(root) and len(rel := path.relative_to(root).parts) > 1 and _CHECKPOINT.match(rel[0]):
+            rec.saw(path, tensor_dict)
+            break
+    return _original_serialize(tensor_dict, filename, metadata=metadata)
+
+
+def start(root: str | Path) -> Recorder:
+    """Record the checkpoints the Trainer writes under `root` (its output_dir) from now on."""
+    global _original_serialize
+    import safetensors.torch as st
+
+    if _original_serialize is None:
+        _original_serialize = st.serialize_file
+        st.serialize_file = _serialize_file
+    rec = Recorder(root)
+    _RECORDERS[rec.root] = rec
+    return rec
+
+
+def recorder_for(root: str | Path) -> Recorder | None:
+    return _RECORDERS.get(Path(root).resolve())
+
+
+class recording:
+    """`with recording(output_dir) as rec:` around a Trainer's saves (bench/checkpoint.py; the train stage uses
+    start/close through CheckpointCallback)."""
+
+    def __init__(self, root: str | Path):
+        self.root = root
+
+    def __enter__(self) -> Recorder:
+        self.rec = start(self.root)
+        return self.rec
+
+    def __exit__(self, *exc) -> None:
+        self.rec.close()
