@@ -313,13 +313,16 @@ def summary_lines(report: dict, out: Path) -> list[str]:
     runs = ps["qwen3b"]["figures"].get("runs", {})
     if runs:
         lines.append(f"  {'3B run':16} {'s/step':>7} {'TRL s':>7} {'tok/s':>7} {'peakGiB':>8} {'ckpt s':>7} "
-                     f"{'ckptGiB':>8} {'job s':>7}   (steps after the first; ckpt: the final one)")
+                     f"{'ckpt/st':>7} {'ckptGiB':>8} {'job s':>7}   (steps after the first; ckpt: the final one, "
+                     "its save with the harness's digests and manifest; ckpt/st: it in steps)")
         for n, f in runs.items():
             ck = f.get("checkpoint") or {}
-            save = (f.get("checkpoint_save_s") or [None])[-1]
-            lines.append(f"  {n:16} {_g(f.get('wall_s_per_step')):>7} {_g(f.get('step_s')):>7} "
+            save, per = (f.get("checkpoint_save_s") or [None])[-1], f.get("wall_s_per_step")
+            in_steps = save / per if save is not None and per else None
+            lines.append(f"  {n:16} {_g(per):>7} {_g(f.get('step_s')):>7} "
                          f"{_g(f.get('wall_tokens_per_s'), '{:.0f}'):>7} {_g(_gb(f.get('peak_cuda_mb_job'))):>8} "
-                         f"{_g(save):>7} {_g(_gb(ck.get('size_mb'), 1024)):>8} {_g(f.get('job_wall_s'), '{:.0f}'):>7}")
+                         f"{_g(save):>7} {_g(in_steps, '{:.1f}'):>7} {_g(_gb(ck.get('size_mb'), 1024)):>8} "
+                         f"{_g(f.get('job_wall_s'), '{:.0f}'):>7}")
         hb = ps["qwen3b"]["figures"].get("harness_over_bare")
         if hb:
             lines.append(f"  harness / bare TRL (grpo LoRA, steps after the first): wall step "
