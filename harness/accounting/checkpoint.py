@@ -30,11 +30,11 @@ _STEP_RE = re.compile(r"checkpoint-(\d+)$")
 log = logging.getLogger("harness")
 
 
-def file_digests(ckpt_dir: Path) -> dict[str, dict[str, Any]]:
-    """Every file's format-2 digest read from the file (the training process lends the digests it took in memory:
-    harness.accounting.tensorfiles.Recorder.checkpoint_files gives the same values)."""
+def file_digests(ckpt_dir: Path, digest=file_digest) -> dict[str, dict[str, Any]]:
+    """Every file's format-2 digest, read from the file; `digest(path)`: another way to the same value (the training
+    process's Recorder, which lends the digests it took in memory: Recorder.checkpoint_files)."""
     return {
-        str(p.relative_to(ckpt_dir)): {ALGORITHM: file_digest(p), "size": p.stat().st_size}
+        str(p.relative_to(ckpt_dir)): {ALGORITHM: digest(p), "size": p.stat().st_size}
         for p in sorted(ckpt_dir.rglob("*"))
         if p.is_file() and p.name != CHECKPOINT_MANIFEST and not p.name.endswith(".tmp")
     }

@@ -99,13 +99,12 @@ class Recorder:
         return from_memory
 
     def checkpoint_files(self, ckpt_dir: Path, saved: dict[str, Any] | None = None) -> dict[str, dict]:
-        """{relative path: {"xxh3", "size"}} of every file of the checkpoint but its manifest (what publish records)."""
-        from harness.accounting.checkpoint import CHECKPOINT_MANIFEST
+        """What publish records of every file of the checkpoint (checkpoint.file_digests), with this recorder's
+        digests; `saved`: {file name: the object torch.save wrote to it}."""
+        from harness.accounting.checkpoint import file_digests
 
         saved = saved or {}
-        return {str(p.relative_to(ckpt_dir)): {"xxh3": self.file_digest(p, saved.get(p.name)), "size": p.stat().st_size}
-                for p in sorted(Path(ckpt_dir).rglob("*"))
-                if p.is_file() and p.name != CHECKPOINT_MANIFEST and not p.name.endswith(".tmp")}
+        return file_digests(Path(ckpt_dir), lambda p: self.file_digest(p, saved.get(p.name)))
 
     def forget(self) -> None:
         """After the checkpoint is published: the next step changes the memory these digests describe."""
