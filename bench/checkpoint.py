@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import gc
 import os
 import resource
@@ -100,6 +101,8 @@ def harness_checkpoint(trainer, run_dir: Path, step: int) -> dict[str, float]:
         trainer._save_checkpoint(trainer.model, trial=None)
     t = _lap(laps, "trainer save", t)
     memo = {} if rec is None else {"memo": rec.memo}
+    if rec is not None and hasattr(statedigest, "fill_memo"):  # as CheckpointCallback: optimizer state on threads
+        statedigest.fill_memo([statedigest.optimizer_state(trainer.optimizer)], rec.memo)
     digests = statedigest.state_digests(trainer.model, trainer.optimizer, trainer.lr_scheduler, **memo)
     t = _lap(laps, "state digests", t)
     files = {} if rec is None else {"files": rec.checkpoint_files(
@@ -120,15 +123,31 @@ def bare_checkpoint(trainer, run_dir: Path, step: int) -> dict[str, float]:
     return {}
 
 
-def harness_resume(trainer, run_dir: Path, step: int) -> dict[str, float]:
-    """What a resumed harness run does with its newest checkpoint, in its order (harness/stages/resume.py find,
-    harness/stages/train.py train with tuning=full, then Trainer.train's loads and the audit's callbacks)."""
+HELD: list = []  # the models a resume built: freed after its timed region (a resumed run keeps its model)
+
+
+def build_policy(base: Path):
+    """The resumed process's model, built from the base snapshot as the policy stage builds it (from_pretrained)."""
+    from transformers import AutoModelForCausalLM
+
+    HELD.append(AutoModelForCausalLM.from_pretrained(base, dtype="auto"))
+
+
+def harness_resume(trainer, run_dir: Path, step: int, whole: bool = True) -> dict[str, float]:
+    """What a resumed harness run does with its newest checkpoint, in its order (harness/lifecycle.py _stages:
+    CheckAhead, the model stage, find; harness/stages/train.py train with tuning=full, then Trainer.train's loads
+    and the audit's callbacks). `whole=False`: from find on (no model build; the deep check not overlapped)."""
     from harness.audit import ResumeAuditCallback
     from harness.stages import resume
 
     laps: dict[str, float] = {}
     t = time.perf_counter()
-    point = resume.find(SimpleNamespace(config={}), run_dir)  # deep: every file re-hashed
+    ahead = None
+    if whole:
+        ahead = resume.CheckAhead(run_dir) if hasattr(resume, "CheckAhead") else None
+        build_policy(run_dir / "base")
+        t = _lap(laps, "model build", t)
+    point = resume.find(SimpleNamespace(config={}), run_dir, *([ahead] if ahead else []))  # deep: files re-hashed
     assert point.checkpoint is not None and point.checkpoint.name == f"checkpoint-{step}", point
     t = _lap(laps, "deep check", t)
     ckpt = point.checkpoint
@@ -153,7 +172,9 @@ def harness_resume(trainer, run_dir: Path, step: int) -> dict[str, float]:
     return laps
 
 
-def bare_resume(trainer, run_dir: Path, step: int) -> dict[str, float]:
+def bare_resume(trainer, run_dir: Path, step: int, whole: bool = True) -> dict[str, float]:
+    if whole:
+        build_policy(run_dir / "base")
     ckpt = str(Path(trainer.args.output_dir) / f"checkpoint-{step}")
     trainer._load_from_checkpoint(ckpt)
     trainer._load_optimizer_and_scheduler(ckpt)
@@ -161,9 +182,12 @@ def bare_resume(trainer, run_dir: Path, step: int) -> dict[str, float]:
     return {}
 
 
-SIDES = {"harness": (harness_checkpoint, harness_resume, harness_resume),
-         "bare": (bare_checkpoint, bare_resume, bare_resume)}
-WORKS = ("checkpoint", "resume", "cold resume")  # cold: the page cache dropped first (a requeued job on a new node)
+LOADS = dict(whole=False)
+SIDES = {"harness": (harness_checkpoint, harness_resume, harness_resume, functools.partial(harness_resume, **LOADS)),
+         "bare": (bare_checkpoint, bare_resume, bare_resume, functools.partial(bare_resume, **LOADS))}
+# resume: the model build from the base snapshot, then the checkpoint's loads (what the resumed process waits for);
+# cold: the page cache dropped first (a requeued job on a new node); loads: from find on, no model build
+WORKS = ("checkpoint", "resume", "cold resume", "loads")
 
 
 def drop_page_cache() -> bool:
@@ -188,6 +212,7 @@ def build(size: str, run_dir: Path):
     shape, dtype = SIZES[size]
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(Qwen2Config(**QWEN25, **shape), dtype=getattr(torch, dtype))
+    model.save_pretrained(run_dir / "base")  # what a resumed process builds its model from (build_policy)
     args = TrainingArguments(output_dir=str(run_dir / CHECKPOINTS_DIR), save_strategy="steps", report_to=[],
                              use_cpu=True, learning_rate=1e-5, disable_tqdm=True)
     trainer = Trainer(model=model, args=args)
@@ -204,6 +229,7 @@ def build(size: str, run_dir: Path):
 
 def settle() -> None:
     """Before a timed region: no garbage to collect, no other region's dirty pages to write back."""
+    HELD.clear()
     gc.collect()
     os.sync()
 
@@ -272,11 +298,11 @@ def bench_size(size: str, rounds: int, tmp: Path) -> dict:
         names = list(dict.fromkeys(k for laps in parts[w] for k in laps))
         # the harness's additions alone: free of the save's disk-bound noise (a recorder's hashing during the
         # save is in "trainer save", not here)
-        own = "trainer save" if w == "checkpoint" else "trainer loads"
-        added = statistics.median(sum(v for k, v in laps.items() if k != own) for laps in parts[w])
+        own = {"checkpoint": ("trainer save",)}.get(w, ("trainer loads", "model build"))
+        added = statistics.median(sum(v for k, v in laps.items() if k not in own) for laps in parts[w])
         print(f"  harness {w} breakdown (median s): "
               + ", ".join(f"{k} {statistics.median(laps.get(k, 0.0) for laps in parts[w]):.2f}" for k in names)
-              + f"; all but the {own}: {added:.2f} s = {added / b:.1%} of bare")
+              + f"; all but the {' and '.join(own)}: {added:.2f} s = {added / b:.1%} of bare")
     print(f"  peak RSS so far {peak_rss_gib():.1f} GiB", flush=True)
     return ratios
 
@@ -307,6 +333,7 @@ def main() -> None:
     if "cold resume" in first:
         print(f"cold_resume_ratio={first['cold resume']:.3f}")
     print(f"resume_ratio={first['resume']:.3f}")
+    print(f"loads_ratio={first['loads']:.3f}")
     print(f"ratio={max(first['checkpoint'], first['resume']):.3f}")
 
 

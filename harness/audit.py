@@ -55,9 +55,12 @@ class ResumeAuditCallback(TrainerCallback):
         trainer._load_rng_state = load_rng_state_and_observe
 
     def on_train_begin(self, args, state, control, model=None, optimizer=None, lr_scheduler=None, **kwargs):
-        from harness.accounting.statedigest import adapters_digest, optimizer_digest, params_digest, scheduler_digest
+        from harness.accounting.statedigest import (adapters_digest, fill_memo, optimizer_digest, optimizer_state,
+                                                    params_digest, scheduler_digest)
 
         memo = {}  # a tensor shared by two of them is hashed once
+        if self.fmt >= 2:  # format 2 hashes each tensor apart: the large ones side by side on threads first
+            fill_memo([[p for p in model.parameters() if p.requires_grad], optimizer_state(optimizer)], memo)
         self.actual.update(params=params_digest(model, self.fmt, memo), adapters=adapters_digest(model, self.fmt, memo),
                            optimizer=optimizer_digest(optimizer, self.fmt, memo),
                            scheduler=scheduler_digest(lr_scheduler, self.fmt))

@@ -47,11 +47,13 @@ class CheckpointCallback(TrainerCallback):
                 self.recorder.forget()  # the next step changes the memory these digests describe
 
     def _publish(self, args, state, control, model, optimizer, lr_scheduler):
-        from harness.accounting.statedigest import optimizer_state, state_digests
+        from harness.accounting.statedigest import fill_memo, optimizer_state, state_digests
 
         step = state.global_step
         ckpt_dir = Path(args.output_dir) / f"checkpoint-{step}"
         memo = self.recorder.memo if self.recorder is not None else None
+        if memo is not None:  # the optimizer state (the weights are in it already, as written): on threads
+            fill_memo([optimizer_state(optimizer)], memo)
         mine = {"frontier": self.ctx.frontier(), "state": state_digests(model, optimizer, lr_scheduler, memo=memo),
                 "totals": {"completion_tokens": self.ctx.tokens_used, "completions": self.ctx.completions,
                            **self.trainer_totals()}}

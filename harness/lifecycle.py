@@ -315,37 +315,42 @@ def _stages(plan: Plan, run: RunDir, parent_s: float, dumps) -> dict | None:
     from harness.stages import policy as policy_stage
     from harness.stages import preflight
     from harness.stages.finalize import finalize
-    from harness.stages.resume import find
+    from harness.stages.resume import CheckAhead, find
     from harness.stages.train import train
     from harness.trainsets import corpus
 
     started = time.time()
-    point(f"{plan.kind}.start")  # tests only (harness.faults): a crash right after the claim
-    quiet_libraries()
-    _reset_peak_memory()  # completion.json's peak_cuda_mb is this run's, not the process's (a sweep's jobs)
-    clock.lap("imports")  # torch, transformers and TRL: paid by the first run of a process
-    data = dist.main_first(data_stage.prepare, plan.cfg, run.recorded("data"), run_dir=str(run.path),
-                           fix="restore the dataset, or start a new run (another output_root)")  # rank 0 builds caches
-    run.update(identity={"data": {"content_sha256": data.content_sha256, "root": str(data.root)}})
-    log.info("data: %s (%s)", data.root, data.summary)
-    data = data_stage.load_rows(plan.cfg, data)
-    clock.lap("data")
-    policy = policy_stage.build(plan, run.recorded("model"), corpus(data.train_rows + data.test_rows),
-                                str(run.path), preflight=functools.partial(preflight.run, plan, run, data))
-    clock.lap("model")
-    parent = plan.parent and {"run_name": plan.parent.run_name, "run_dir": plan.parent.run_dir,
-                              "semantic_sha256": plan.parent.identity["semantic_sha256"]}
-    run.update(identity={"model": {"files_sha256": policy.base_identity.get("files_sha256"),
-                                   "base_path": policy.base_path}}, parent=parent)  # a parent iff init=sft
-    run.set_status("running", init=policy.init)
-    resume = dist.on_main(find, plan, run.path)  # one decision for all ranks
-    if resume.skipped:
-        run.update(skipped_checkpoints=[*run.manifest.get("skipped_checkpoints", []), *resume.skipped])
-    trained = train(plan, run.path, data, policy, resume, clock=clock, dumps=dumps)
-    completion = finalize(plan, run, data, policy, trained, started, clock=clock)
-    if completion is not None:
-        run.set_status("completed")
-    return completion
+    ahead = CheckAhead(run.path) if dist.is_main() else None  # the resume's deep check, beside data and model
+    try:
+        point(f"{plan.kind}.start")  # tests only (harness.faults): a crash right after the claim
+        quiet_libraries()
+        _reset_peak_memory()  # completion.json's peak_cuda_mb is this run's, not the process's (a sweep's jobs)
+        clock.lap("imports")  # torch, transformers and TRL: paid by the first run of a process
+        data = dist.main_first(data_stage.prepare, plan.cfg, run.recorded("data"), run_dir=str(run.path),
+                               fix="restore the dataset, or start a new run (another output_root)")  # rank 0 builds caches
+        run.update(identity={"data": {"content_sha256": data.content_sha256, "root": str(data.root)}})
+        log.info("data: %s (%s)", data.root, data.summary)
+        data = data_stage.load_rows(plan.cfg, data)
+        clock.lap("data")
+        policy = policy_stage.build(plan, run.recorded("model"), corpus(data.train_rows + data.test_rows),
+                                    str(run.path), preflight=functools.partial(preflight.run, plan, run, data))
+        clock.lap("model")
+        parent = plan.parent and {"run_name": plan.parent.run_name, "run_dir": plan.parent.run_dir,
+                                  "semantic_sha256": plan.parent.identity["semantic_sha256"]}
+        run.update(identity={"model": {"files_sha256": policy.base_identity.get("files_sha256"),
+                                       "base_path": policy.base_path}}, parent=parent)  # a parent iff init=sft
+        run.set_status("running", init=policy.init)
+        resume = dist.on_main(find, plan, run.path, ahead)  # one decision for all ranks
+        if resume.skipped:
+            run.update(skipped_checkpoints=[*run.manifest.get("skipped_checkpoints", []), *resume.skipped])
+        trained = train(plan, run.path, data, policy, resume, clock=clock, dumps=dumps)
+        completion = finalize(plan, run, data, policy, trained, started, clock=clock)
+        if completion is not None:
+            run.set_status("completed")
+        return completion
+    finally:
+        if ahead is not None:
+            ahead.cancel()  # the run failed before find: the thread stops
 
 
 def _reset_peak_memory() -> None:

@@ -78,9 +78,11 @@ def step_of(path: Path) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def checkpoint_problems(ckpt_dir: Path, *, deep: bool = True, identity: dict | None = None) -> list[str]:
+def checkpoint_problems(ckpt_dir: Path, *, deep: bool = True, identity: dict | None = None,
+                        digest=digest_on_disk) -> list[str]:
     """Why a checkpoint does not count (empty when it is complete and intact). With the run's `identity` (its
-    manifest's), also a checkpoint of another run: another semantic config, dataset or model."""
+    manifest's), also a checkpoint of another run: another semantic config, dataset or model. `digest(path,
+    algorithm)`: the file's digest on disk (harness.stages.resume.CheckAhead: taken ahead, on a thread)."""
     mpath = ckpt_dir / CHECKPOINT_MANIFEST
     if not mpath.is_file():
         return [f"{ckpt_dir.name}: no {CHECKPOINT_MANIFEST} (torn: the save did not finish)"]
@@ -100,7 +102,7 @@ def checkpoint_problems(ckpt_dir: Path, *, deep: bool = True, identity: dict | N
             out.append(f"{ckpt_dir.name}/{rel}: size {p.stat().st_size} != recorded {meta['size']}")
         elif deep:
             algorithm, want = recorded_digest(meta)
-            if digest_on_disk(p, algorithm) != want:
+            if digest(p, algorithm) != want:
                 out.append(f"{ckpt_dir.name}/{rel}: {algorithm} differs from the recorded digest")
     return out
 

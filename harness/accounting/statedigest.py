@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import random
-from typing import Any
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Iterable
 
 import numpy as np
 import torch
@@ -52,6 +54,45 @@ def tensor_digest(t: torch.Tensor, memo: Memo | None = None) -> bytes:
     if key is not None:
         memo[key] = d
     return d
+
+
+HASH_THREADS = max(1, min(8, os.cpu_count() or 1))  # xxhash releases the GIL: tensors hash side by side
+_PARALLEL_MIN = 1 << 20  # tensors below this are hashed by the walk itself: a thread's hand-off costs more
+
+
+def tensors_in(obj: Any) -> Iterable[torch.Tensor]:
+    """Every tensor in nested dicts, lists and tuples (the walk `_update_obj` takes)."""
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from tensors_in(v)
+    elif isinstance(obj, (list, tuple)):
+        for x in obj:
+            yield from tensors_in(x)
+
+
+def fill_memo(objs: Iterable[Any], memo: Memo, threads: int = HASH_THREADS) -> Memo:
+    """Hash the large contiguous CPU tensors in `objs` into `memo` on `threads` threads, so that the walk that
+    follows (`digest(..., memo=memo)`) only looks them up. The digests are those the walk would take itself (the
+    same function of the same bytes), so the result never depends on `threads`; only the time does."""
+    todo: dict[tuple, torch.Tensor] = {}
+    for obj in objs:
+        for t in tensors_in(obj):
+            if t.device.type == "cpu" and t.is_contiguous() and t.numel() * t.element_size() >= _PARALLEL_MIN:
+                key = tensor_key(t)
+                if key not in memo:
+                    todo.setdefault(key, t)
+    if threads <= 1 or len(todo) < 2:
+        for key, t in todo.items():
+            tensor_digest(t, memo)
+        return memo
+    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="harness-digest") as pool:
+        # largest first: the threads finish together
+        order = sorted(todo.items(), key=lambda kv: -kv[0][2])
+        for key, d in zip((k for k, _ in order), pool.map(lambda kv: xxhash.xxh3_128(_host_bytes(kv[1])).digest(), order)):
+            memo[key] = d
+    return memo
 
 
 def _update_obj(h, obj: Any, fmt: int, memo: Memo | None) -> None:

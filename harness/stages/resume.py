@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,18 +41,76 @@ class ResumePoint:
         return per_rank.get(f"rank-{rank}", self.manifest["totals"] if rank == 0 and not per_rank else {})
 
 
-def find(plan, run_dir: Path) -> ResumePoint:
+class _Stopped(Exception):
+    pass
+
+
+def _stamp(path: Path) -> tuple:
+    st = os.stat(path)
+    return st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino
+
+
+class CheckAhead:
+    """The resume's deep check, begun on a worker thread when the run starts, so that re-reading and hashing the
+    newest checkpoint's files (gigabytes at real size) overlaps the data and model stages instead of following them.
+
+    The thread walks the run's published checkpoints newest first, as `find` does, and takes the digest of each of
+    their files until one checkpoint is intact (usually the newest alone). It decides nothing: `find` still checks
+    every checkpoint, in order, on the main thread, and only takes a digest from here for a file that is as it was
+    when hashed (the same size, modification and change times, inode; else it reads the file again). A failure on
+    the thread is dropped: `find` then does that work itself and meets the error there."""
+
+    def __init__(self, run_dir: Path):
+        self._done: dict[tuple[str, str], tuple[tuple, str]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._walk, args=(Path(run_dir),), name="harness-check-ahead",
+                                        daemon=True)  # never keeps a failed run's process alive
+        self._thread.start()
+
+    def _walk(self, run_dir: Path) -> None:
+        try:
+            for p in reversed(ckpt.list_checkpoints(run_dir)):
+                if (p / ckpt.CHECKPOINT_MANIFEST).is_file() and not ckpt.checkpoint_problems(p, digest=self._take):
+                    return
+        except Exception as exc:  # noqa: BLE001 (find does this work again and reports what is wrong)
+            log.debug("check ahead stopped: %r", exc)
+
+    def _take(self, path: Path, algorithm: str) -> str:
+        if self._stop.is_set():
+            raise _Stopped
+        before = _stamp(path)
+        value = ckpt.digest_on_disk(path, algorithm)
+        if _stamp(path) == before:  # not changed while it was read
+            self._done[str(path), algorithm] = (before, value)
+        return value
+
+    def digest(self, path: Path, algorithm: str) -> str:
+        """`find`'s digest of a file on disk: the one taken ahead where the file is unchanged since."""
+        self._thread.join()
+        hit = self._done.get((str(path), algorithm))
+        if hit is not None and hit[0] == _stamp(path):
+            return hit[1]
+        return ckpt.digest_on_disk(path, algorithm)
+
+    def cancel(self) -> None:
+        """The run ends before `find` (a failed data or model stage): stop after the file being hashed."""
+        self._stop.set()
+
+
+def find(plan, run_dir: Path, ahead: CheckAhead | None = None) -> ResumePoint:
     """The checkpoint to resume from. An explicit `resume_from` must be that checkpoint: resuming from an
-    older one would silently roll the run back (its later checkpoints, ledger rows and metrics orphaned)."""
+    older one would silently roll the run back (its later checkpoints, ledger rows and metrics orphaned).
+    `ahead`: the file digests taken ahead, on a thread (CheckAhead); the decision is the same without it."""
     from harness.accounting.logs import Frontier, FrontierError, check_frontier
 
     from harness.rundir import MANIFEST
 
     ckpt.clean_removals(run_dir)
     identity = read_json(run_dir / MANIFEST)["identity"]
+    digest = ahead.digest if ahead is not None else ckpt.digest_on_disk
     chosen, skipped = None, []
     for p in reversed(ckpt.list_checkpoints(run_dir)):
-        problems = ckpt.checkpoint_problems(p, identity=identity)
+        problems = ckpt.checkpoint_problems(p, identity=identity, digest=digest)
         if not problems:
             try:
                 for rank_frontier in read_json(p / ckpt.CHECKPOINT_MANIFEST)["frontier"].values():

@@ -237,7 +237,7 @@ def test_damage_is_named_by_verify_and_decided_by_the_resume(base, killed, tmp_p
     from harness.cli import compose_plan
     from harness.errors import RunDirStateError
     from harness.rundir import claim
-    from harness.stages.resume import find
+    from harness.stages.resume import CheckAhead, find
 
     out, run, found, resumes = _damaged_copy(killed, tmp_path, damage)
     violations = verify(run)
@@ -245,13 +245,16 @@ def test_damage_is_named_by_verify_and_decided_by_the_resume(base, killed, tmp_p
     plan = compose_plan([*ARGS, f"output_root={out}", *base.cache])
     assert plan.run_dir == str(run)
     if resumes.startswith("refused: "):
-        with pytest.raises(RunDirStateError, match="fix: ") as exc:
-            with claim(plan):
-                find(plan, run)
-        assert resumes.removeprefix("refused: ") in str(exc.value)
+        for ahead in (None, CheckAhead(run)):
+            with pytest.raises(RunDirStateError, match="fix: ") as exc:
+                with claim(plan):
+                    find(plan, run, ahead)
+            assert resumes.removeprefix("refused: ") in str(exc.value)
         return
     with claim(plan):
         point = find(plan, run)
+        ahead = CheckAhead(run)  # the deep check taken on a thread, as a run does it: the same decision
+        assert (find(plan, run, ahead).checkpoint, find(plan, run, ahead).skipped) == (point.checkpoint, point.skipped)
     assert point.checkpoint is not None and point.checkpoint.name == resumes
     if resumes == "checkpoint-2":
         assert [s["checkpoint"] for s in point.skipped] == ["checkpoint-4"]
