@@ -2,5 +2,8 @@
 
 Modules: runs (find and read run dirs and sweep job records), compare (groups by data/model
 identity, conditions, summaries over seeds, paired comparison), stats (t intervals, exact and
-Monte Carlo bootstrap), plots (PNG), render (markdown, stdout), cli (the command).
+Monte Carlo bootstrap), itemstats (hierarchical bootstrap paired by view), power (seeds and views
+needed), robust (IQM, probability of improvement, performance profile), efficiency (area under
+accuracy vs tokens, tokens to a threshold, the ScaleRL fit), analysis (those per group), plots
+(PNG), render and render_stats (markdown, stdout), cli (the command).
 """

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from harness.errors import HarnessError
+from harness.report.analysis import group_statistics, profile_scores
 from harness.report.budget import run_row, verdict
 from harness.report.compare import (Group, build_groups, data_key, describe_key, jsonable_fields, model_key, paired,
                                     resolve_baseline)
@@ -82,7 +83,8 @@ def _code_identity(runs: list[Run]) -> dict:
 def _remove_stale_plots(out: Path, keep: set[str]) -> None:
     """Plots of an earlier report in the same folder (e.g. -g2 after the groups changed) would mislead."""
     for p in out.glob("*.png"):
-        if re.fullmatch(r"(reward_vs_tokens|eval_accuracy_by_relation|budget_use|accuracy_vs_tokens|diagnostics)(-g\d+)?\.png", p.name) \
+        if re.fullmatch(r"(reward_vs_tokens|eval_accuracy_by_relation|budget_use|accuracy_vs_tokens|diagnostics|"
+                        r"performance_profile)(-g\d+)?\.png", p.name) \
                 and p.name not in keep:
             p.unlink()
 
@@ -111,7 +113,8 @@ def _budget_rows(g: Group, placed: dict[int, list[tuple[str, Run]]]) -> list[dic
     return rows
 
 
-def _group_json(g: Group, plots: dict, budget_rows: list[dict] | None = None, split: str | None = None) -> dict:
+def _group_json(g: Group, plots: dict, budget_rows: list[dict] | None = None, split: str | None = None,
+                statistics: dict | None = None) -> dict:
     budget_rows = budget_rows or []
     return {
         "index": g.index, "data": describe_key(g.data), "model": describe_key(g.model),
@@ -129,6 +132,7 @@ def _group_json(g: Group, plots: dict, budget_rows: list[dict] | None = None, sp
         } for c in g.conditions],
         "baseline": g.baseline.label if g.baseline else None, "baseline_note": g.baseline_note,
         "paired": g.paired, "unpaired": g.unpaired, "plots": plots, "signal": group_signal(g, split),
+        **(statistics or {}),  # robust, efficiency (harness.report.analysis)
         "budget_runs": budget_rows, "budget_bound": verdict(budget_rows),
         "wall_time_note": wall_time_note([r for c in g.conditions for r in c.runs]),
     }
@@ -158,8 +162,27 @@ def wall_time_note(runs: list[Run]) -> str | None:
     return text
 
 
-def build_report(directory: Path, baseline: str = "grpo", out: Path | None = None) -> tuple[dict, Path]:
-    """Read DIR, write the report into `out` (default DIR/report); returns (report.json content, report.md path)."""
+def _draw(g: Group, out: Path, sfx: str, split: str | None) -> dict:
+    """The group's plots (`sfx`: -g<k> when the report has several groups): plot name -> what plots.* returned."""
+    from harness.report import plots as P  # matplotlib only when there is something to draw
+
+    note = _plot_note(group_signal(g, split))
+    return {
+        "reward_vs_tokens": P.reward_vs_tokens(g, out / f"reward_vs_tokens{sfx}.png"),
+        "eval_accuracy_by_relation": P.eval_accuracy_by_relation(g, out / f"eval_accuracy_by_relation{sfx}.png",
+                                                                 split or "eval", note),
+        "budget_use": P.budget_use(g, out / f"budget_use{sfx}.png"),
+        "accuracy_vs_tokens": P.accuracy_vs_tokens(g, out / f"accuracy_vs_tokens{sfx}.png", split or "eval", note),
+        "diagnostics": P.diagnostics(g, out / f"diagnostics{sfx}.png"),
+        "performance_profile": P.performance_profile(g, profile_scores(g), out / f"performance_profile{sfx}.png",
+                                                     split or "eval"),
+    }
+
+
+def build_report(directory: Path, baseline: str = "grpo", out: Path | None = None,
+                 threshold: float | None = None) -> tuple[dict, Path]:
+    """Read DIR, write the report into `out` (default DIR/report); returns (report.json content, report.md path).
+    `threshold`: the eval accuracy whose tokens-to-reach the efficiency section reports (None: its default rule)."""
     directory = Path(directory)
     if not directory.is_dir():
         raise _no_runs(directory, "is not a directory")
@@ -174,25 +197,15 @@ def build_report(directory: Path, baseline: str = "grpo", out: Path | None = Non
     split_set = sorted({r.eval_split for r in complete if r.eval_after})
     split = split_set[0] if len(split_set) == 1 else (", ".join(split_set) or None)
 
-    from harness.report import plots as P  # matplotlib only when there is something to draw
-
     placed = _place_incomplete(groups, [r for r in runs if not r.complete])
     where = {id(r): (g.index, label) for g in groups for c in g.conditions for label, r in placed.get(id(c), [])}
     groups_json = []
     for g in groups:
         resolve_baseline(g, baseline)
         g.paired = paired(g)
-        sfx = f"-g{g.index}" if multi else ""
-        note = _plot_note(group_signal(g, split))
-        drawn = {
-            "reward_vs_tokens": P.reward_vs_tokens(g, out / f"reward_vs_tokens{sfx}.png"),
-            "eval_accuracy_by_relation": P.eval_accuracy_by_relation(g, out / f"eval_accuracy_by_relation{sfx}.png",
-                                                                     split or "eval", note),
-            "budget_use": P.budget_use(g, out / f"budget_use{sfx}.png"),
-            "accuracy_vs_tokens": P.accuracy_vs_tokens(g, out / f"accuracy_vs_tokens{sfx}.png", split or "eval", note),
-            "diagnostics": P.diagnostics(g, out / f"diagnostics{sfx}.png"),
-        }
-        groups_json.append(_group_json(g, drawn, _budget_rows(g, placed), split))
+        statistics = group_statistics(g, threshold)
+        drawn = _draw(g, out, f"-g{g.index}" if multi else "", split)
+        groups_json.append(_group_json(g, drawn, _budget_rows(g, placed), split, statistics))
 
     _remove_stale_plots(out, {p["file"] for g in groups_json for p in g["plots"].values() if p.get("file")})
     identity_note = None
@@ -249,13 +262,20 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--baseline", default="grpo",
                    help="condition label or arm the paired comparison is against (default: grpo)")
     p.add_argument("--out", type=Path, default=None, help="where to write the report (default: DIR/report)")
+    p.add_argument("--threshold", type=float, default=None, metavar="ACC",
+                   help="eval accuracy in [0, 1] whose sampled tokens to reach the efficiency section reports "
+                        "(default: half-way from the init's accuracy to the best condition's final accuracy)")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        rep, md = build_report(args.dir, args.baseline, args.out)
+        if args.threshold is not None and not 0.0 <= args.threshold <= 1.0:
+            raise ReportInputError(f"--threshold {args.threshold}: an eval accuracy must lie in [0, 1]; pass e.g. "
+                                   "--threshold 0.6, or leave it out for the default (half-way from the init to the "
+                                   "best final accuracy).")
+        rep, md = build_report(args.dir, args.baseline, args.out, args.threshold)
     except HarnessError as exc:
         print(str(exc), file=sys.stderr)
         return exc.exit_code

@@ -419,3 +419,48 @@ def diagnostics(group: Group, path: Path) -> dict:
     _save(fig, path)
     return {"file": path.name, "panels": {k: who.get(k, []) for k in panels},
             "coincide": {k: v for k, v in same.items() if v}}
+
+
+# --- f. performance profile (rliable)
+
+
+PROFILE_MIN_RUNS = 3
+
+
+def performance_profile(group: Group, scores: dict[str, list[float]], path: Path, split: str) -> dict:
+    """Per condition, the fraction of its runs whose final eval accuracy is above tau, over tau in [0, 1] (rliable's
+    performance profile, harness.report.robust.performance_profile): a step down at each run's score; a curve to
+    the right of another is better at every level of the score. Coinciding curves are said in the legend."""
+    from harness.report.robust import performance_profile as profile
+
+    if not scores:
+        return {"file": None, "skipped": "no condition has an eval"}
+    if max(len(v) for v in scores.values()) < PROFILE_MIN_RUNS:  # as a cell's interval: the seeds' dots say it all
+        return {"file": None, "skipped": f"fewer than {PROFILE_MIN_RUNS} seeds in every condition: each run's "
+                                         "accuracy is a dot in the eval accuracy plot"}
+    st = styles(group.conditions)
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    drawn: dict[str, tuple] = {}
+    for c in group.conditions:
+        if c.label not in scores:
+            continue
+        x = np.asarray(scores[c.label], dtype=float)
+        taus = np.unique(np.concatenate([[0.0, 1.0], x]))  # (T,) where the profile can step
+        frac = profile(x, taus)  # (T,) right-continuous: at tau = a run's score that run is no longer above
+        s = st[c.label]
+        ax.step(taus, frac, where="post", label=f"{c.label} (n={x.size})",
+                **{k: v for k, v in _line_kw(s, 1.8, None).items() if k != "marker"})
+        drawn[c.label] = Drawn((taus, frac))
+    same = coinciding(drawn)
+    if same:
+        ax.plot([], [], " ", label=coincide_text(same))
+    ax.set_xlim(0, 1)
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_xlabel(f"tau: greedy accuracy on {split} (fraction of views)")
+    ax.set_ylabel("fraction of runs with accuracy > tau")
+    ax.set_title("Performance profile over seeds (rliable, Agarwal et al. 2021)\none step down per run, at its final "
+                 "eval accuracy", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    _save(fig, path)
+    return {"file": path.name, "coincide": same}

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from harness.report.mdtable import table as _table
 from harness.report.metrics import EVAL_METRICS, METRIC_TITLES, TRAIN_METRICS
+from harness.report.render_stats import efficiency_section, item_cell, item_text, power_lines, robust_section
 from harness.report.stats import EXACT_MAX, MC_RESAMPLES, MC_SEED
 
 DASH = "–"
@@ -69,16 +71,6 @@ def cell(key: str, s: dict, marks: set | None = None) -> str:
 def footnotes(marks: set) -> list[str]:
     """The footnote lines (below a table) of the markers its cells used."""
     return [""] + [f"{FEW_SEEDS[n][0]} {FEW_SEEDS[n][1]}" for n in sorted(marks, reverse=True)] if marks else []
-
-
-def _md_escape(text: str) -> str:
-    return str(text).replace("|", "\\|")
-
-
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    out += ["| " + " | ".join(_md_escape(c) for c in row) + " |" for row in rows]
-    return out
 
 
 # --- markdown
@@ -151,6 +143,7 @@ def _group(rep: dict, g: dict) -> list[str]:
     out += _paired_section(g, h)
     for u in g.get("unpaired") or []:
         out += ["", f"Not paired: `{u['condition']}`: {u['why']} ({u['fix']})."]
+    out += robust_section(g, h) + efficiency_section(g, h)
     out += _conditions_and_plots(g, h)
     return out
 
@@ -168,23 +161,26 @@ def _paired_section(g: dict, h: str) -> list[str]:
                 f"resamples with numpy default_rng({MC_SEED}); quantile rule: inverted CDF, the smallest resampled "
                 "mean whose cumulative probability reaches 2.5% / 97.5%), and the number of paired seeds. "
                 "With 2 or 3 paired seeds this interval is just the range [min d_s, max d_s] (each extreme "
-                "resample has probability ≥ 1/27 > 2.5%): read it as the spread of the seeds, not as evidence.", ""]
+                "resample has probability ≥ 1/27 > 2.5%): read it as the spread of the seeds, not as evidence. "
+                + item_text(), ""]
         rows = []
         for p in g["paired"]:
             if p["n"] == 0:
-                rows.append([p["condition"], METRIC_TITLES[p["metric"]], DASH, "no common seeds", "0"])
+                rows.append([p["condition"], METRIC_TITLES[p["metric"]], DASH, "no common seeds", DASH, "0"])
                 continue
             ci = (f"[{_num(p['metric'], p['low'], True)}, {_num(p['metric'], p['high'], True)}]"
                   if p["low"] is not None else "no interval (1 paired seed)")
             rows.append([p["condition"], METRIC_TITLES[p["metric"]], _num(p["metric"], p["mean"], True), ci,
-                         f"{p['n']} (seed{'s' if p['n'] > 1 else ''} {', '.join(map(str, p['seeds']))})"])
+                         item_cell(p), f"{p['n']} (seed{'s' if p['n'] > 1 else ''} {', '.join(map(str, p['seeds']))})"])
         same = [c for s in (g.get("signal") or {}).get("indistinguishable") or [] if g["baseline"] in s["conditions"]
                 for c in s["conditions"] if c != g["baseline"]]
         if same:
             out += [f"{', '.join(f'`{c}`' for c in same)}: the same numbers as the baseline on every seed (No signal "
                     "above): every difference is exactly 0.", ""]
         if rows:
-            out += _table(["condition", "metric", "mean difference", "95% bootstrap interval", "paired seeds"], rows)
+            out += _table(["condition", "metric", "mean difference", "95% bootstrap interval (seeds)",
+                           "95% interval per item (seeds, then views)", "paired seeds"], rows)
+            out += power_lines(g)
         else:
             out.append("No condition to pair against the baseline.")
     return out
@@ -209,6 +205,7 @@ def _conditions_and_plots(g: dict, h: str) -> list[str]:
                          ("reward_vs_tokens", "Train reward vs cumulative sampled completion tokens"),
                          ("eval_accuracy_by_relation", "Eval accuracy by relation"),
                          ("diagnostics", "Training diagnostics (metrics.jsonl)"),
+                         ("performance_profile", "Performance profile: fraction of runs above each accuracy"),
                          ("budget_use", "Budget use (RL conditions)")):
         p = g["plots"].get(key) or {}
         if p.get("file"):

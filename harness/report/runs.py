@@ -70,6 +70,7 @@ class Run:
     diagnostics: dict[str, dict[int, float]] = field(default_factory=dict)  # metrics.jsonl: key -> {step: value}
     notes: list[str] = field(default_factory=list)
     metrics: dict[str, float | None] = field(default_factory=dict)
+    items: dict[str, tuple[float, str | None]] | None = field(default=None, repr=False)  # read_items, on first use
 
 
 # --- discovery
@@ -312,6 +313,18 @@ def read_eval_curve(run: Run) -> list[dict]:
     if run.eval_after and _get(run.eval_after, "accuracy") is not None and run.metrics.get("budget/tokens") is not None:
         out.append({"tokens": run.metrics["budget/tokens"], "label": "final", **_accuracies(run.eval_after)})
     return out
+
+
+def read_items(run: Run) -> dict[str, tuple[float, str | None]]:
+    """The final eval's score of every view (eval/<split>.predictions.jsonl, one row per view): view id -> (correct
+    as 1.0 / 0.0, relation); {} without the file. Read on first use and kept on the run: only the report's per-item
+    statistics (harness.report.analysis) pay for it, not every reader of a run (harness.sweep)."""
+    if run.items is None:
+        p = artifact_path(run.path, run.eval_split, "final").with_suffix(".predictions.jsonl")
+        rows = _read_jsonl([p], run.notes) if run.complete and p.is_file() else []
+        run.items = {str(r["view"]): (1.0 if r["correct"] else 0.0, r.get("relation")) for r in rows
+                     if r.get("view") is not None and isinstance(r.get("correct"), bool)}
+    return run.items
 
 
 #: metrics.jsonl keys the report draws for every RL arm (when logged); an arm's own terms (loss/<term>,

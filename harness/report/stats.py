@@ -1,18 +1,18 @@
-"""Statistics over seeds: Student-t intervals and a paired percentile bootstrap. numpy only (no scipy).
+"""Statistics over seeds: Student-t intervals and a paired percentile bootstrap. numpy + scipy.stats.
 
 - `mean_ci(values)`: mean and the half-width of the two-sided 95% Student-t interval,
-  t_{0.975, n-1} * sd / sqrt(n) with sd the sample standard deviation (ddof=1). t comes from
-  `T975` (df 1..30, 40, 60, 120; the normal 1.960 beyond 120). A df between two tabulated values
-  uses the smaller tabulated df (a slightly larger t: conservative). n=1 has no interval.
+  t_{0.975, n-1} * sd / sqrt(n) with sd the sample standard deviation (ddof=1); t is
+  scipy.stats.t.ppf(0.975, n - 1), exact at every df. n=1 has no interval.
 - `paired_bootstrap(diffs)`: the 95% percentile bootstrap interval of the mean of per-seed
   differences. For n <= 10 it is the EXACT bootstrap distribution: every multiset of size n drawn
   from the n differences (C(2n-1, n) of them; 92,378 at n=10) with its multinomial probability
-  n! / (prod_i c_i!) / n^n. Beyond 10 it is Monte Carlo: 10,000 resamples from
-  numpy.random.default_rng(0). Both are deterministic.
-- Quantile rule (both methods): the inverted CDF, i.e. the q-quantile is the smallest resampled
-  mean m with P(mean <= m) >= q (numpy's method="inverted_cdf" for equal weights). The interval is
-  [Q(0.025), Q(0.975)]. Hand check, n=2 (d1 < d2): means d1, (d1+d2)/2, d2 with probabilities
-  1/4, 1/2, 1/4, so the CDF is 0.25, 0.75, 1 and the interval is [d1, d2].
+  n! / (prod_i c_i!) / n^n: no Monte Carlo error, where a resampling bootstrap of 5 seeds has one
+  (tests/unit/test_report_stats.py checks it against scipy.stats.bootstrap). Beyond 10 it is Monte
+  Carlo: 10,000 resamples from numpy.random.default_rng(0). Both are deterministic.
+- Quantile rule (every bootstrap of the report): the inverted CDF, i.e. the q-quantile is the smallest
+  resampled value m with P(value <= m) >= q (numpy's method="inverted_cdf" for equal weights). The
+  interval is [Q(0.025), Q(0.975)]. Hand check, n=2 (d1 < d2): means d1, (d1+d2)/2, d2 with
+  probabilities 1/4, 1/2, 1/4, so the CDF is 0.25, 0.75, 1 and the interval is [d1, d2].
 """
 
 from __future__ import annotations
@@ -22,16 +22,8 @@ import math
 from functools import lru_cache
 
 import numpy as np
+from scipy import stats as sps
 
-# Two-sided 95% Student t quantiles t_{0.975, df}.
-T975 = {
-    1: 12.706205, 2: 4.302653, 3: 3.182446, 4: 2.776445, 5: 2.570582, 6: 2.446912, 7: 2.364624,
-    8: 2.306004, 9: 2.262157, 10: 2.228139, 11: 2.200985, 12: 2.178813, 13: 2.160369, 14: 2.144787,
-    15: 2.131450, 16: 2.119905, 17: 2.109816, 18: 2.100922, 19: 2.093024, 20: 2.085963, 21: 2.079614,
-    22: 2.073873, 23: 2.068658, 24: 2.063899, 25: 2.059539, 26: 2.055529, 27: 2.051831, 28: 2.048407,
-    29: 2.045230, 30: 2.042272, 40: 2.021075, 60: 2.000298, 120: 1.979930,
-}
-Z975 = 1.959964
 EXACT_MAX = 10
 MC_RESAMPLES = 10_000
 MC_SEED = 0
@@ -39,12 +31,19 @@ LEVEL = 0.95
 
 
 def t975(df: int) -> float:
-    """t_{0.975, df} from the table (see the module docstring for untabulated df)."""
+    """t_{0.975, df}, the two-sided 95% Student-t quantile (scipy.stats.t)."""
     if df < 1:
         raise ValueError(f"degrees of freedom must be >= 1, got {df}")
-    if df > 120:
-        return Z975
-    return T975[max(k for k in T975 if k <= df)]
+    return float(sps.t.ppf(1.0 - (1.0 - LEVEL) / 2, df))
+
+
+def percentile_interval(samples: np.ndarray) -> tuple[float, float]:
+    """[Q(0.025), Q(0.975)] of equally likely bootstrap replicates, by the inverted-CDF rule (module docstring).
+    Non-finite replicates (a statistic undefined on a resample) are dropped by the caller, not here."""
+    v = np.asarray(samples, dtype=float)
+    w = np.ones_like(v)
+    alpha = (1.0 - LEVEL) / 2  # 0.025000000000000022 in floats: weighted_quantile's tolerance keeps it 2.5%
+    return weighted_quantile(v, w, alpha), weighted_quantile(v, w, 1.0 - alpha)
 
 
 def mean_ci(values: list[float]) -> dict:

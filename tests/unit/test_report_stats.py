@@ -1,4 +1,5 @@
-"""harness.report.stats against values computed by hand (t intervals, exact and Monte Carlo bootstrap)."""
+"""harness.report.stats against values computed by hand (t intervals, exact and Monte Carlo bootstrap), published
+t quantiles, and scipy.stats.bootstrap (the exact bootstrap against a resampling one)."""
 
 from __future__ import annotations
 
@@ -7,24 +8,66 @@ import math
 
 import numpy as np
 import pytest
+import scipy.stats
 
-from harness.report.stats import mean_ci, multisets, paired_bootstrap, t975, weighted_quantile
+from harness.report.stats import (bootstrap_means, mean_ci, multisets, paired_bootstrap, percentile_interval, t975,
+                                  weighted_quantile)
 
 
-def test_t_table_values_and_untabulated_df():
-    assert t975(1) == 12.706205
-    assert t975(2) == 4.302653
-    assert t975(30) == 2.042272
-    assert t975(35) == t975(30)  # between tabulated df: the smaller df, a larger (conservative) t
-    assert t975(120) == 1.979930
-    assert t975(121) == pytest.approx(1.96, abs=1e-3)
+def test_t_quantiles_match_the_published_table():
+    # t_{0.975, df} as printed in Student-t tables (e.g. NIST/SEMATECH e-Handbook, section 1.3.6.7.2), to 3 decimals
+    published = {1: 12.706, 2: 4.303, 4: 2.776, 10: 2.228, 30: 2.042, 35: 2.030, 100: 1.984}
+    for df, t in published.items():
+        assert t975(df) == pytest.approx(t, abs=5e-4), df
+    assert t975(10**6) == pytest.approx(1.95996, abs=1e-4)  # the normal quantile in the limit
+    assert t975(35) < t975(30)  # every df its own quantile (the old table used df 30's for 31..39)
     with pytest.raises(ValueError):
         t975(0)
 
 
+def test_no_hand_typed_tables_left_in_the_harness():
+    """The report's distributions come from scipy.stats: no module of harness/ keeps a t or z table (a dict or
+    list of quantiles such as 12.706 / 4.303 / 1.96)."""
+    from tests.conftest import REPO
+
+    found = [p.relative_to(REPO).as_posix() for p in (REPO / "harness").rglob("*.py")
+             if any(q in p.read_text() for q in ("12.706", "4.3026", "1.95996", "1.959964", "2.7764"))]
+    assert not found, found
+
+
+@pytest.mark.parametrize("d", [[0.3, -0.1, 0.05, 0.2, -0.4], [0.12, -0.03, 0.07, 0.2, 0.01, -0.09, 0.15, 0.04],
+                               [-0.092, 0.01, -0.2, 0.03, -0.25, -0.05]])
+def test_exact_bootstrap_agrees_with_scipy_bootstrap(d):
+    """scipy.stats.bootstrap (percentile method, 200,000 resamples) against the exact enumeration: its resampled
+    means' empirical CDF lies within 0.005 of the exact CDF everywhere (Dvoretzky-Kiefer-Wolfowitz: a deviation that
+    large has probability <= 2 exp(-2 * 200,000 * 0.005^2) = 1e-4), and its interval's ends are the exact ones up to
+    the gap between neighbouring resampled means (1% of the data's range)."""
+    d = np.array(d)
+    res = scipy.stats.bootstrap((d,), np.mean, method="percentile", n_resamples=200_000, vectorized=True,
+                                rng=np.random.default_rng(1))
+    means, w, method = bootstrap_means(d)
+    assert method == "exact"
+    order = np.argsort(means)
+    m, cdf = means[order], np.cumsum(w[order])
+    grid = np.linspace(d.min(), d.max(), 61)
+    exact = np.array([cdf[np.searchsorted(m, g, side="right") - 1] if g >= m[0] else 0.0 for g in grid])
+    mc = np.searchsorted(np.sort(res.bootstrap_distribution), grid, side="right") / res.bootstrap_distribution.size
+    assert np.abs(exact - mc).max() < 0.005
+    b = paired_bootstrap(d.tolist())
+    tol = 0.01 * (d.max() - d.min())
+    assert b["low"] == pytest.approx(res.confidence_interval.low, abs=tol)
+    assert b["high"] == pytest.approx(res.confidence_interval.high, abs=tol)
+
+
+def test_percentile_interval_is_the_inverted_cdf_rule():
+    # 40 equally likely values 1..40: Q(0.025) = the 1st (CDF 1/40 = 0.025 reaches it), Q(0.975) = the 39th
+    assert percentile_interval(np.arange(1, 41)) == (1.0, 39.0)
+
+
 def test_mean_ci_by_hand():
     # 0.50, 0.60, 0.70: mean 0.60; deviations -0.1, 0, 0.1; sd = sqrt(0.02 / 2) = 0.1;
-    # half-width = t_{0.975,2} * sd / sqrt(3) = 4.302653 * 0.1 / 1.7320508 = 0.2484138
+    # half-width = t_{0.975,2} * sd / sqrt(3) = 4.302653 * 0.1 / 1.7320508 = 0.2484138 (t_{0.975,2} = 4.302653 from
+    # a printed table)
     s = mean_ci([0.50, 0.60, 0.70])
     assert s["n"] == 3 and s["mean"] == pytest.approx(0.60)
     assert s["sd"] == pytest.approx(0.1)
