@@ -45,12 +45,16 @@ def tensor_key(t: torch.Tensor) -> tuple:
     return (str(t.device), t.data_ptr(), t.numel() * t.element_size())
 
 
+def _bytes_digest(t: torch.Tensor) -> bytes:
+    return xxhash.xxh3_128(_host_bytes(t) if t.numel() else b"").digest()
+
+
 def tensor_digest(t: torch.Tensor, memo: Memo | None = None) -> bytes:
     """xxh3-128 of the tensor's bytes; looked up in (and added to) `memo` when it is a contiguous tensor."""
     key = tensor_key(t) if memo is not None and t.is_contiguous() else None
     if key is not None and key in memo:
         return memo[key]
-    d = xxhash.xxh3_128(_host_bytes(t) if t.numel() else b"").digest()
+    d = _bytes_digest(t)
     if key is not None:
         memo[key] = d
     return d
@@ -83,15 +87,13 @@ def fill_memo(objs: Iterable[Any], memo: Memo, threads: int = HASH_THREADS) -> M
                 key = tensor_key(t)
                 if key not in memo:
                     todo.setdefault(key, t)
-    if threads <= 1 or len(todo) < 2:
-        for key, t in todo.items():
-            tensor_digest(t, memo)
+    keys = sorted(todo, key=lambda k: -k[2])  # largest first: the threads finish together
+    tensors = [todo[k] for k in keys]
+    if threads <= 1 or len(keys) < 2:
+        memo.update(zip(keys, map(_bytes_digest, tensors)))
         return memo
     with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="harness-digest") as pool:
-        # largest first: the threads finish together
-        order = sorted(todo.items(), key=lambda kv: -kv[0][2])
-        for key, d in zip((k for k, _ in order), pool.map(lambda kv: xxhash.xxh3_128(_host_bytes(kv[1])).digest(), order)):
-            memo[key] = d
+        memo.update(zip(keys, pool.map(_bytes_digest, tensors)))
     return memo
 
 
