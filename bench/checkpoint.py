@@ -18,10 +18,12 @@ Each round times two kinds of work, on each side, harness first in odd rounds an
                        CheckpointCallback.on_save adds: state digests, publish (file digests + manifest),
                        retention (keep_last=1)
               bare:    Trainer._save_checkpoint alone (model, optimizer, scheduler, RNG, trainer state)
-  resume      harness: harness_resume() below: harness.stages.resume.find (the deep check of the newest
-                       checkpoint), the strict full-weight load (tuning=full; only where needs_strict_load says
-                       so, if resume.py has it), the Trainer's loads in its order with the resume audit's digests
-                       (ResumeAuditCallback: on_train_begin between the optimizer and the RNG loads) and finish
+  resume      harness: harness_resume() below: CheckAhead (the deep check's thread) and the model build, then
+                       harness.stages.resume.find (what the thread has not hashed by then is left to
+                       ResumePoint.confirm), the strict full-weight load (tuning=full; only where
+                       needs_strict_load says so, if resume.py has it), the Trainer's loads in its order, confirm
+                       and the resume audit's digests (ResumeAuditCallback: on_train_begin between the optimizer
+                       and the RNG loads) and finish
               bare:    Trainer._load_from_checkpoint, _load_optimizer_and_scheduler, _load_rng_state
 
 A warm-up round (not counted) comes first. Each side resumes from the checkpoint it has just written; that
@@ -147,7 +149,8 @@ def harness_resume(trainer, run_dir: Path, step: int, whole: bool = True) -> dic
         ahead = resume.CheckAhead(run_dir) if hasattr(resume, "CheckAhead") else None
         build_policy(run_dir / "base")
         t = _lap(laps, "model build", t)
-    point = resume.find(SimpleNamespace(config={}), run_dir, *([ahead] if ahead else []))  # deep: files re-hashed
+    # deep: files re-hashed (with CheckAhead, those its thread has not hashed yet are left to confirm, below)
+    point = resume.find(SimpleNamespace(config={}), run_dir, *([ahead] if ahead else []))
     assert point.checkpoint is not None and point.checkpoint.name == f"checkpoint-{step}", point
     t = _lap(laps, "deep check", t)
     ckpt = point.checkpoint
@@ -160,6 +163,9 @@ def harness_resume(trainer, run_dir: Path, step: int, whole: bool = True) -> dic
     trainer._load_from_checkpoint(str(ckpt))
     trainer._load_optimizer_and_scheduler(str(ckpt))
     t = _lap(laps, "trainer loads", t)
+    if hasattr(point, "confirm"):  # the audit's start (train.py passes confirm= to it): the deep check's rest
+        point.confirm()
+        t = _lap(laps, "deep check", t)
     audit.on_train_begin(trainer.args, trainer.state, trainer.control, model=trainer.model,
                          optimizer=trainer.optimizer, lr_scheduler=trainer.lr_scheduler)
     t = _lap(laps, "audit", t)
@@ -168,7 +174,7 @@ def harness_resume(trainer, run_dir: Path, step: int, whole: bool = True) -> dic
     report = audit.finish(step)  # raises ResumeAuditError unless every component was restored as saved
     _lap(laps, "audit", t)
     assert report["status"] == "passed", report
-    del trainer._load_rng_state  # attach's wrapper: the bare side loads unobserved
+    del trainer._load_rng_state, trainer._load_optimizer_and_scheduler  # attach's wrappers: the bare side loads unobserved
     return laps
 
 

@@ -32,8 +32,13 @@ class ResumeAuditError(HarnessError):
 
 
 class ResumeAuditCallback(TrainerCallback):
-    def __init__(self, run_dir: Path, checkpoint: Path, rank: int = 0):
+    def __init__(self, run_dir: Path, checkpoint: Path, rank: int = 0, confirm=None):
+        """`confirm`: the resume's deep check finished first (ResumePoint.confirm): the Trainer's loads are done,
+        the digests are yet to be taken; it raises when a file of the checkpoint is damaged."""
         self.run_dir, self.checkpoint, self.rank = Path(run_dir), Path(checkpoint), rank
+        self.confirm = confirm
+        self.memo: dict = {}  # each tensor's digest, taken once (statedigest.fill_memo)
+        self._params_hashing = None  # the thread hashing the loaded weights while the optimizer state loads
         manifest = read_json(self.checkpoint / "harness_checkpoint.json")
         self.expected = manifest["state_digests"][f"rank-{rank}"]
         self.fmt = manifest.get("digests", 1)  # recomputed in the checkpoint's own digest format (statedigest)
@@ -41,8 +46,10 @@ class ResumeAuditCallback(TrainerCallback):
         self.done = False
 
     def attach(self, trainer) -> None:
-        """Observe the RNG restore. NOTE(trl-1.16): wraps transformers' private Trainer._load_rng_state
-        (the only place RNG streams are restored); tests/unit/test_trl_contract.py pins its signature."""
+        """Observe the RNG restore, and hash the loaded weights while the optimizer state loads. NOTE(trl-1.16):
+        wraps transformers' private Trainer._load_rng_state (the only place RNG streams are restored) and
+        Trainer._load_optimizer_and_scheduler (called after the weights load); tests/unit/
+        test_transformers_contract.py pins their signatures and order."""
         original = trainer._load_rng_state
 
         def load_rng_state_and_observe(checkpoint):
@@ -53,12 +60,33 @@ class ResumeAuditCallback(TrainerCallback):
                 self.actual["rng"] = rng_digests(self.fmt)
 
         trainer._load_rng_state = load_rng_state_and_observe
+        load_optimizer = trainer._load_optimizer_and_scheduler
+
+        def load_optimizer_and_hash_weights(checkpoint):
+            # the Trainer has loaded the weights: their digests are taken on a thread while the optimizer state
+            # loads (it reads no parameter and writes none); on_train_begin waits for them
+            if checkpoint is not None and self.fmt >= 2 and self._params_hashing is None:
+                import threading
+
+                from harness.accounting.statedigest import fill_memo
+
+                params = [p for p in trainer.model.parameters() if p.requires_grad]
+                self._params_hashing = threading.Thread(target=fill_memo, args=([params], self.memo),
+                                                        kwargs={"threads": 1}, name="harness-audit", daemon=True)
+                self._params_hashing.start()
+            load_optimizer(checkpoint)
+
+        trainer._load_optimizer_and_scheduler = load_optimizer_and_hash_weights
 
     def on_train_begin(self, args, state, control, model=None, optimizer=None, lr_scheduler=None, **kwargs):
         from harness.accounting.statedigest import (adapters_digest, fill_memo, optimizer_digest, optimizer_state,
                                                     params_digest, scheduler_digest)
 
-        memo = {}  # a tensor shared by two of them is hashed once
+        if self._params_hashing is not None:
+            self._params_hashing.join()  # a failure there leaves the rest to the walk below: the same digests
+        if self.confirm is not None:
+            self.confirm()
+        memo = self.memo  # a tensor shared by two of them is hashed once
         if self.fmt >= 2:  # format 2 hashes each tensor apart: the large ones side by side on threads first
             fill_memo([[p for p in model.parameters() if p.requires_grad], optimizer_state(optimizer)], memo)
         self.actual.update(params=params_digest(model, self.fmt, memo), adapters=adapters_digest(model, self.fmt, memo),

@@ -11,10 +11,14 @@ makes the n-th time (1-based, default 1) this process reaches the named point do
             HARNESS_HOLD_FILE exists, 300 s at most, and say so with <that file>.held-<rank> while waiting: a
             test's signal (a scheduler's, a preemption's) then lands at a known step however slow the machine or
             the scheduler; once the test makes the file, a requeued attempt passes without waiting
+    defer   (<kind>.check_ahead only) the resume's deep check, begun on a thread at the start, waits until the run
+            needs its verdict (after the Trainer's loads): the resume stage then chooses on every other check, as
+            when the thread is slower than the data and model stages, and a damaged file is found after the loads
 
 The points (`<kind>` is sft or rl: the SFT warm start and the RL run share a process):
 
     <kind>.start            the run dir is claimed, before its data and model
+    <kind>.check_ahead      the resume's deep check thread starts (harness.stages.resume.CheckAhead)
     <kind>.step             the end of an optimizer step (before its checkpoint is saved)
     <kind>.checkpoint       inside a checkpoint save: the Trainer's files written, harness_checkpoint.json not yet
     <kind>.final_policy     final_policy written to its temp dir, not yet renamed
@@ -38,8 +42,8 @@ import signal
 FAULT_ENV = "HARNESS_FAULT"
 HOLD_FILE_ENV = "HARNESS_HOLD_FILE"
 HOLD_S = 300.0
-ACTIONS = ("kill", "enospc", "edquot", "erofs", "eacces", "eio", "hold")
-_NAMED = re.compile(r"^(sft|rl)\.(start|step|checkpoint|final_policy|model_card|completion)$|^(atomic|append):.+$")
+ACTIONS = ("kill", "enospc", "edquot", "erofs", "eacces", "eio", "hold", "defer")
+_NAMED = re.compile(r"^(sft|rl)\.(start|check_ahead|step|checkpoint|final_policy|model_card|completion)$|^(atomic|append):.+$")
 _SPEC = re.compile(r"^(?P<point>[^@]+?)(?:@(?P<n>\d+))?:(?P<action>\w+)$")
 _seen: dict[str, int] = {}
 
@@ -58,22 +62,25 @@ def armed() -> bool:
     return bool(os.environ.get(FAULT_ENV))
 
 
-def point(name: str) -> None:
-    """A place where the fault tests crash the process or fill the disk (see the module docstring)."""
+def point(name: str) -> str | None:
+    """A place where the fault tests crash the process or fill the disk (see the module docstring). Returns
+    "defer" where that is the fault set for this point (the caller defers), else None."""
     spec = os.environ.get(FAULT_ENV)
     if not spec:
-        return
+        return None
     target, n, action = parse(spec)
     if name != target:
-        return
+        return None
     _seen[name] = _seen.get(name, 0) + 1
     if _seen[name] != n:
-        return
+        return None
     if action == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     if action == "hold":
         hold()
-        return
+        return None
+    if action == "defer":
+        return action
     code = getattr(errno, action.upper())
     raise OSError(code, f"{os.strerror(code)} (injected by {FAULT_ENV}={spec})")
 

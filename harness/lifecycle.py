@@ -310,18 +310,21 @@ def _stages(plan: Plan, run: RunDir, parent_s: float, dumps) -> dict | None:
     this = {"pid": os.getpid(), "started_at": now(), "seconds": {}}
     record = lambda marks: run.update(start_phases=[*earlier, {**this, "seconds": marks}])  # noqa: E731
     clock = Phases(parent=parent_s, on_mark=record)
-    from harness.log import quiet_libraries
-    from harness.stages import data as data_stage
-    from harness.stages import policy as policy_stage
-    from harness.stages import preflight
-    from harness.stages.finalize import finalize
-    from harness.stages.resume import CheckAhead, find
-    from harness.stages.train import train
-    from harness.trainsets import corpus
+    from harness.stages.resume import CheckAhead, CheckpointDamaged, find  # torch-free
 
     started = time.time()
-    ahead = CheckAhead(run.path) if dist.is_main() else None  # the resume's deep check, beside data and model
+    # the resume's deep check on a thread from here: beside the imports below (torch, transformers, TRL: seconds),
+    # the data and model stages and, where it is not done by then, the Trainer's loads
+    ahead = CheckAhead(run.path, fault=f"{plan.kind}.check_ahead") if dist.is_main() else None
     try:
+        from harness.log import quiet_libraries
+        from harness.stages import data as data_stage
+        from harness.stages import policy as policy_stage
+        from harness.stages import preflight
+        from harness.stages.finalize import finalize
+        from harness.stages.train import train
+        from harness.trainsets import corpus
+
         point(f"{plan.kind}.start")  # tests only (harness.faults): a crash right after the claim
         quiet_libraries()
         _reset_peak_memory()  # completion.json's peak_cuda_mb is this run's, not the process's (a sweep's jobs)
@@ -340,10 +343,16 @@ def _stages(plan: Plan, run: RunDir, parent_s: float, dumps) -> dict | None:
         run.update(identity={"model": {"files_sha256": policy.base_identity.get("files_sha256"),
                                        "base_path": policy.base_path}}, parent=parent)  # a parent iff init=sft
         run.set_status("running", init=policy.init)
-        resume = dist.on_main(find, plan, run.path, ahead)  # one decision for all ranks
-        if resume.skipped:
-            run.update(skipped_checkpoints=[*run.manifest.get("skipped_checkpoints", []), *resume.skipped])
-        trained = train(plan, run.path, data, policy, resume, clock=clock, dumps=dumps)
+        trained = None
+        while trained is None:
+            resume = dist.on_main(find, plan, run.path, ahead)  # one decision for all ranks
+            if resume.skipped:
+                run.update(skipped_checkpoints=[*run.manifest.get("skipped_checkpoints", []), *resume.skipped])
+            try:
+                trained = train(plan, run.path, data, policy, resume, clock=clock, dumps=dumps)
+            except CheckpointDamaged as exc:  # found beside the loads, before any step: find now knows, and skips it
+                log.warning("%s failed its deep check as it loaded (%s); choosing again", exc.checkpoint,
+                            "; ".join(exc.problems[:3]))
         completion = finalize(plan, run, data, policy, trained, started, clock=clock)
         if completion is not None:
             run.set_status("completed")

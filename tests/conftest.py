@@ -138,6 +138,21 @@ def tiny(tmp_path_factory) -> TinyRuns:
     return TinyRuns(tmp_path_factory.mktemp("tiny"))
 
 
+def resume_decision(plan, run: Path, ahead=None):
+    """What a run resumes from in the end (harness.lifecycle._stages without its train stage): find, then the
+    deep check it left to the thread (ResumePoint.confirm, which the run calls after the loads), and find again
+    when that check finds the chosen checkpoint damaged."""
+    from harness.stages.resume import CheckpointDamaged, find
+
+    point = find(plan, run, ahead)
+    try:
+        point.confirm()
+    except CheckpointDamaged:
+        point = find(plan, run, ahead)
+        assert not point.unchecked, point  # the thread is done: the second decision is exact
+    return point
+
+
 def run_dir_of(out: Path, arm: str) -> Path:
     """The one run dir of `arm` under output_root `out`."""
     (d,) = [p for p in (out / "runs").iterdir() if p.name.startswith(arm + "-")]

@@ -13,9 +13,20 @@ from pathlib import Path
 from harness.accounting import checkpoint as ckpt
 from harness import dist
 from harness.errors import RunDirStateError
+from harness.faults import point
 from harness.rundir import read_json
 
 log = logging.getLogger("harness")
+
+
+class CheckpointDamaged(Exception):
+    """The deep check that `find` left to CheckAhead's thread found the chosen checkpoint damaged once the Trainer
+    had begun loading it. Nothing was trained on it: the run goes back to `find` (harness.lifecycle), which now
+    knows, skips it by name and resumes from the checkpoint before it, as it would have with the check done first."""
+
+    def __init__(self, checkpoint: str, problems: list[str]):
+        super().__init__(f"{checkpoint}: " + "; ".join(problems))
+        self.checkpoint, self.problems = checkpoint, problems
 
 
 @dataclass(frozen=True)
@@ -23,6 +34,35 @@ class ResumePoint:
     checkpoint: Path | None = None  # None: a fresh start
     manifest: dict = field(default_factory=dict)  # its harness_checkpoint.json
     skipped: list = field(default_factory=list)  # [{"checkpoint", "problems"}] of newer, unusable ones
+    # the files of `checkpoint` whose digests CheckAhead's thread had not taken when find chose it: checked by
+    # confirm(), beside the Trainer's loads, before the first step; `check` (rank 0 only) is that CheckAhead
+    unchecked: tuple = ()
+    check: object = field(default=None, compare=False, repr=False)
+    _confirmed: list = field(default_factory=list, compare=False, repr=False)
+
+    def __getstate__(self) -> dict:  # broadcast to the other ranks: the thread stays on rank 0
+        return {**self.__dict__, "check": None}
+
+    def confirm(self) -> None:
+        """The deep check of the chosen checkpoint, finished (every rank calls it, at the same point: the resume
+        audit's start, after the Trainer's loads and before the first step; or before a paused run stops or a
+        final checkpoint's weights load). Raises CheckpointDamaged when a file differs from its recorded digest."""
+        if not self.unchecked or self._confirmed:
+            return
+        self._confirmed.append(True)
+        problems = self.check.problems(self.checkpoint) if dist.is_main() else None
+        problems = dist.broadcast(problems)
+        if problems:
+            raise CheckpointDamaged(self.checkpoint.name, problems)
+
+    def confirm_after(self, exc: BaseException) -> None:
+        """The resume failed before its deep check was confirmed (a loader's error on a damaged file: a
+        safetensors header, a torch.save zip): when the check finds the checkpoint damaged, that is what happened
+        (CheckpointDamaged, and the run falls back); otherwise the loader's own error stands. One process only:
+        with several ranks, the one that failed cannot know the others reach this point, so there `find` waits for
+        the thread and leaves nothing unchecked."""
+        if self.unchecked and not self._confirmed and not dist.is_multi() and not isinstance(exc, CheckpointDamaged):
+            self.confirm()
 
     @property
     def permanent(self) -> bool:
@@ -58,17 +98,26 @@ class CheckAhead:
     their files until one checkpoint is intact (usually the newest alone). It decides nothing: `find` still checks
     every checkpoint, in order, on the main thread, and only takes a digest from here for a file that is as it was
     when hashed (the same size, modification and change times, inode; else it reads the file again). A failure on
-    the thread is dropped: `find` then does that work itself and meets the error there."""
+    the thread is dropped: `find` then does that work itself and meets the error there.
 
-    def __init__(self, run_dir: Path):
+    When `find` runs before the thread is done, it does not wait: it decides on every check but the digests not
+    taken yet, and the chosen checkpoint's remaining digests are taken on, beside the Trainer's loads
+    (ResumePoint.confirm, before the first step). `fault`: the harness.faults point the thread passes first (the
+    fault tests' `defer`: the thread waits until the run needs its verdict)."""
+
+    def __init__(self, run_dir: Path, fault: str | None = None):
         self._done: dict[tuple[str, str], tuple[tuple, str]] = {}
         self._stop = threading.Event()
+        self._needed = threading.Event()  # set by the first caller that waits for the thread
+        self._fault = fault
         self._thread = threading.Thread(target=self._walk, args=(Path(run_dir),), name="harness-check-ahead",
                                         daemon=True)  # never keeps a failed run's process alive
         self._thread.start()
 
     def _walk(self, run_dir: Path) -> None:
         try:
+            if self._fault and point(self._fault) == "defer":
+                self._needed.wait()
             for p in reversed(ckpt.list_checkpoints(run_dir)):
                 if (p / ckpt.CHECKPOINT_MANIFEST).is_file() and not ckpt.checkpoint_problems(p, digest=self._take):
                     return
@@ -84,32 +133,59 @@ class CheckAhead:
             self._done[str(path), algorithm] = (before, value)
         return value
 
-    def digest(self, path: Path, algorithm: str) -> str:
-        """`find`'s digest of a file on disk: the one taken ahead where the file is unchanged since."""
-        self._thread.join()
+    def taken(self, path: Path, algorithm: str) -> str | None:
+        """The digest taken ahead, if the file is as it was when hashed; None if not taken (yet). Does not wait."""
         hit = self._done.get((str(path), algorithm))
-        if hit is not None and hit[0] == _stamp(path):
-            return hit[1]
-        return ckpt.digest_on_disk(path, algorithm)
+        return hit[1] if hit is not None and hit[0] == _stamp(path) else None
+
+    def settled(self) -> bool:
+        """The thread is done (or stopped): waiting for it costs nothing."""
+        return not self._thread.is_alive()
+
+    def digest(self, path: Path, algorithm: str) -> str:
+        """A file's digest on disk: the one taken ahead where the file is unchanged since; waits for the thread."""
+        self._needed.set()
+        self._thread.join()
+        return self.taken(path, algorithm) or ckpt.digest_on_disk(path, algorithm)
+
+    def problems(self, checkpoint: Path) -> list[str]:
+        """The deep check of `checkpoint` (ResumePoint.confirm): the digests taken ahead, the others read now."""
+        return ckpt.checkpoint_problems(checkpoint, digest=self.digest)
 
     def cancel(self) -> None:
         """The run ends before `find` (a failed data or model stage): stop after the file being hashed."""
         self._stop.set()
+        self._needed.set()
 
 
 def find(plan, run_dir: Path, ahead: CheckAhead | None = None) -> ResumePoint:
     """The checkpoint to resume from. An explicit `resume_from` must be that checkpoint: resuming from an
     older one would silently roll the run back (its later checkpoints, ledger rows and metrics orphaned).
-    `ahead`: the file digests taken ahead, on a thread (CheckAhead); the decision is the same without it."""
+    `ahead`: the file digests taken ahead, on a thread (CheckAhead). Where its thread is still hashing, find does
+    not wait for it: a digest not taken yet is left to ResumePoint.confirm (`unchecked`), which the run calls
+    after the Trainer's loads; a damaged checkpoint found then sends the run back here (CheckpointDamaged), and
+    the decision ends the same as without the thread."""
     from harness.accounting.logs import Frontier, FrontierError, check_frontier
 
     from harness.rundir import MANIFEST
 
     ckpt.clean_removals(run_dir)
     identity = read_json(run_dir / MANIFEST)["identity"]
-    digest = ahead.digest if ahead is not None else ckpt.digest_on_disk
+    unchecked: list[Path] = []  # of the checkpoint being checked
+
+    def digest(path: Path, algorithm: str) -> str | None:
+        if ahead is None:
+            return ckpt.digest_on_disk(path, algorithm)
+        if ahead.settled() or dist.is_multi():  # nothing to wait for; or several ranks: exact (confirm_after)
+            return ahead.digest(path, algorithm)
+        got = ahead.taken(path, algorithm)
+        if got is None:
+            unchecked.append(path)
+        return got
+
     chosen, skipped = None, []
     for p in reversed(ckpt.list_checkpoints(run_dir)):
+        unchecked.clear()
         problems = ckpt.checkpoint_problems(p, identity=identity, digest=digest)
         if not problems:
             try:
@@ -130,8 +206,10 @@ def find(plan, run_dir: Path, ahead: CheckAhead | None = None) -> ResumePoint:
     _check_ranks(chosen, manifest, run_dir)
     _check_explicit(plan.config.get("resume_from"), chosen)
     if chosen is not None:
-        log.info("resuming from %s (newest complete checkpoint)", chosen.name)
-    return ResumePoint(chosen, manifest, skipped)
+        later = "; the digests of its files are checked as it loads" if unchecked else ""
+        log.info("resuming from %s (newest complete checkpoint%s)", chosen.name, later)
+    rel = tuple(str(p.relative_to(chosen)) for p in unchecked) if chosen is not None else ()
+    return ResumePoint(chosen, manifest, skipped, unchecked=rel, check=ahead if rel else None)
 
 
 def _check_nothing_damaged(run_dir: Path, skipped: list[dict]) -> None:

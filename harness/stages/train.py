@@ -93,7 +93,17 @@ def train(plan, run_dir: Path, data, policy: Policy, resume: ResumePoint, clock,
           dumps: StackDumps | None = None) -> Trained:
     """`clock` (harness.lifecycle.Phases) gets the laps eval_before and train; `dumps` (harness.diagnostics): the
     run's stack dumps, whose hang watchdog training arms. A planned stop (a signal during training,
-    budget.stop_after_steps) raises harness.halt.Halted once its checkpoint is published."""
+    budget.stop_after_steps) raises harness.halt.Halted once its checkpoint is published. A checkpoint whose deep
+    check, finished beside the loads, finds it damaged raises harness.stages.resume.CheckpointDamaged before the
+    first step (also when a loader failed on the damage first)."""
+    try:
+        return _train(plan, run_dir, data, policy, resume, clock, dumps)
+    except Exception as exc:
+        resume.confirm_after(exc)
+        raise
+
+
+def _train(plan, run_dir: Path, data, policy: Policy, resume: ResumePoint, clock, dumps) -> Trained:
     already_paused(plan, resume)
     ctx = open_logs(plan, run_dir, resume)
     evals = eval_before(plan, run_dir, data, policy, resume)
@@ -105,9 +115,11 @@ def train(plan, run_dir: Path, data, policy: Policy, resume: ResumePoint, clock,
     if resume.checkpoint is not None:
         from harness.audit import ResumeAuditCallback
 
-        audit = ResumeAuditCallback(run_dir, resume.checkpoint, rank=ctx.rank)
+        audit = ResumeAuditCallback(run_dir, resume.checkpoint, rank=ctx.rank, confirm=resume.confirm)
         audit.attach(trainer)
-        trainer.add_callback(audit)
+        # first of all at on_train_begin: a checkpoint found damaged there stops the start before any other
+        # callback begins (a recorder, a watchdog) in the attempt the run then abandons
+        trainer.callback_handler.callbacks.insert(0, audit)
         if plan.cfg.model.tuning == "full" and not stock_resume() and needs_strict_load(policy.model, resume.checkpoint):
             load_full_weights_strictly(policy.model, resume.checkpoint)
     failed = True
@@ -150,6 +162,7 @@ def already_paused(plan, resume: ResumePoint) -> None:
     stop_after = plan.cfg.budget.stop_after_steps
     step = resume.manifest.get("step") if resume.checkpoint is not None else None
     if stop_after is not None and step is not None and step >= stop_after and not resume.permanent:
+        resume.confirm()  # paused at an intact checkpoint
         log.info("budget.stop_after_steps=%d: the run is at step %d already (%s); it stays paused. Run the same "
                  "command without budget.stop_after_steps to continue.", stop_after, step, resume.checkpoint.name)
         raise Halted("paused", step, resume.checkpoint.name)
@@ -163,6 +176,7 @@ def finish_from_final_checkpoint(plan, trainer, model, resume: ResumePoint, ctx:
     from harness.audit import ResumeAuditCallback
 
     checkpoint = resume.checkpoint
+    resume.confirm()
     log.info("%s is the run's final checkpoint: training is complete, finishing the run", checkpoint.name)
     load_final_weights(model, checkpoint, plan.cfg.model.tuning.value)
     audit = ResumeAuditCallback(ctx.run_dir, checkpoint, rank=ctx.rank)

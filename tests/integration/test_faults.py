@@ -5,9 +5,10 @@ and every filesystem error on the run dir, caches and output_root.
   completion.json: the same command again finishes with a final policy, ledger, trace and logged values identical
   to the uninterrupted run's, verify clean, no lost or duplicated rows (one point, rl.step@3, in the default
   suite; all of them with the slow tests: two launches a point).
-- 11 kinds of damage to an interrupted run dir: each is named by verify and by the resume, which falls back to an
+- 12 kinds of damage to an interrupted run dir: each is named by verify and by the resume, which falls back to an
   intact checkpoint or refuses with what to do (the resume's decision for every kind in the default suite; the
-  whole resumed run for one kind in the default suite and for every kind with the slow tests).
+  whole resumed run for one kind in the default suite and for every kind with the slow tests; and for two kinds
+  found only as the checkpoint loads, the deep check left to the loads: HARNESS_FAULT=rl.check_ahead:defer).
 - ENOSPC (and other errnos) injected into the atomic writes and the append logs: exit 9 with the field, the file
   and the fix, no traceback, nothing half-written that looks complete (EROFS in the default suite), and the same
   command finishes the run identical to the uninterrupted one once the disk has room (slow).
@@ -159,6 +160,14 @@ def flip_an_optimizer_byte(run: Path) -> tuple[str, str]:
     return "checkpoint-4/optimizer.pt: xxh3 differs", "checkpoint-2"
 
 
+def garble_the_weights_header(run: Path) -> tuple[str, str]:
+    p = run / "checkpoints/checkpoint-4/model.safetensors"
+    data = bytearray(p.read_bytes())
+    data[8] ^= 0xFF  # the JSON header's first byte: the size stays, a loader fails on it
+    p.write_bytes(bytes(data))
+    return "checkpoint-4/model.safetensors: xxh3 differs", "checkpoint-2"
+
+
 def remove_rng_state(run: Path) -> tuple[str, str]:
     (run / "checkpoints/checkpoint-4/rng_state.pth").unlink()
     return "checkpoint-4/rng_state.pth: missing", "checkpoint-2"
@@ -216,7 +225,7 @@ def damage_every_checkpoint(run: Path) -> tuple[str, str]:
     return "checkpoint-2/model.safetensors: xxh3 differs", "refused: no checkpoint of"
 
 
-DAMAGE = [truncate_safetensors, flip_an_optimizer_byte, remove_rng_state, empty_trainer_state,
+DAMAGE = [truncate_safetensors, flip_an_optimizer_byte, garble_the_weights_header, remove_rng_state, empty_trainer_state,
           checkpoint_manifest_of_another_run, cut_the_ledger_mid_row, delete_a_trace_row, duplicate_a_metrics_row,
           corrupt_the_run_manifest, garbage_in_the_lock, damage_every_checkpoint]
 
@@ -237,24 +246,36 @@ def test_damage_is_named_by_verify_and_decided_by_the_resume(base, killed, tmp_p
     from harness.cli import compose_plan
     from harness.errors import RunDirStateError
     from harness.rundir import claim
+    from harness import faults
     from harness.stages.resume import CheckAhead, find
+    from tests.conftest import resume_decision
 
     out, run, found, resumes = _damaged_copy(killed, tmp_path, damage)
     violations = verify(run)
     assert any(found in v for v in violations), violations
     plan = compose_plan([*ARGS, f"output_root={out}", *base.cache])
     assert plan.run_dir == str(run)
+
+    def aheads():  # the deep check on a thread, as a run takes it: done before find, or left to the loads
+        yield None
+        yield CheckAhead(run)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv(FAULT_ENV, "rl.check_ahead:defer")
+            mp.setattr(faults, "_seen", {})
+            yield CheckAhead(run, fault="rl.check_ahead")
+
     if resumes.startswith("refused: "):
-        for ahead in (None, CheckAhead(run)):
+        for ahead in aheads():
             with pytest.raises(RunDirStateError, match="fix: ") as exc:
                 with claim(plan):
-                    find(plan, run, ahead)
+                    resume_decision(plan, run, ahead)
             assert resumes.removeprefix("refused: ") in str(exc.value)
         return
     with claim(plan):
         point = find(plan, run)
-        ahead = CheckAhead(run)  # the deep check taken on a thread, as a run does it: the same decision
-        assert (find(plan, run, ahead).checkpoint, find(plan, run, ahead).skipped) == (point.checkpoint, point.skipped)
+        for ahead in aheads():  # the same decision
+            other = resume_decision(plan, run, ahead)
+            assert (other.checkpoint, other.skipped) == (point.checkpoint, point.skipped), ahead
     assert point.checkpoint is not None and point.checkpoint.name == resumes
     if resumes == "checkpoint-2":
         assert [s["checkpoint"] for s in point.skipped] == ["checkpoint-4"]
@@ -279,6 +300,25 @@ def test_the_same_command_on_a_damaged_run_dir_falls_back_or_refuses(base, kille
     assert f"resuming from {resumes}" in proc.stderr
     if resumes == "checkpoint-2":
         assert "skipping checkpoint checkpoint-4" in proc.stderr
+    base.assert_same(out)
+
+
+@pytest.mark.parametrize("damage", [flip_an_optimizer_byte, garble_the_weights_header])
+def test_damage_found_as_the_checkpoint_loads_falls_back_the_same(base, killed, tmp_path, damage):
+    """The resume's deep check not done when the resume stage chooses (HARNESS_FAULT=rl.check_ahead:defer, as when
+    the files are larger than the data and model stages are long): the run loads the damaged checkpoint, finds the
+    damage before its first step (the audit's start; or as a loader fails on it), chooses again and ends identical
+    to the uninterrupted run."""
+    out, run, found, resumes = _damaged_copy(killed, tmp_path, damage)
+    proc = base.run(out, fault="rl.check_ahead:defer")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-4000:]
+    assert "resuming from checkpoint-4 (newest complete checkpoint; the digests of its files are checked as it " \
+           "loads)" in proc.stderr
+    assert f"checkpoint-4 failed its deep check as it loaded ({found}" in proc.stderr
+    assert "skipping checkpoint checkpoint-4" in proc.stderr and f"resuming from {resumes} (" in proc.stderr
+    manifest = json.loads((run / "run_manifest.json").read_text())
+    assert [s["checkpoint"] for s in manifest["skipped_checkpoints"]] == ["checkpoint-4"]
     base.assert_same(out)
 
 

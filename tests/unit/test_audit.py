@@ -123,3 +123,40 @@ def test_an_unobserved_rng_restore_fails(tmp_path):
     cb.on_train_begin(None, None, None, model=model, optimizer=opt, lr_scheduler=sched)
     with pytest.raises(ResumeAuditError):
         cb.finish(4)
+
+
+@pytest.mark.parametrize("restored", [True, False])
+def test_the_weights_are_hashed_while_the_optimizer_state_loads(tmp_path, restored):
+    """attach() starts the weights' digests on a thread when the Trainer begins loading the optimizer state (the
+    weights are loaded by then); on_train_begin waits for them. The verdict is the serial one's: passed when
+    everything was restored, failed by name when a weight was not."""
+    from types import SimpleNamespace
+
+    from harness.accounting.statedigest import rng_digests, tensor_key
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(640, 512)  # a 1.25 MiB weight: large enough for the threaded digests
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(torch.ones(1, 640)).sum().backward()
+    opt.step()
+    sched = torch.optim.lr_scheduler.StepLR(opt, 1)
+    ckpt = _checkpoint(tmp_path, model, opt, sched)
+    if not restored:
+        with torch.no_grad():
+            model.weight[0, 0] += 1.0
+    cb = ResumeAuditCallback(tmp_path, ckpt)
+    started = []
+    trainer = SimpleNamespace(model=model, _load_rng_state=lambda checkpoint: None,
+                              _load_optimizer_and_scheduler=lambda checkpoint: started.append(cb._params_hashing))
+    cb.attach(trainer)
+    trainer._load_optimizer_and_scheduler(str(ckpt))
+    assert started and started[0] is not None  # begun before the optimizer state loads
+    cb.on_train_begin(None, None, None, model=model, optimizer=opt, lr_scheduler=sched)
+    assert tensor_key(model.weight) in cb.memo and not cb._params_hashing.is_alive()
+    trainer._load_rng_state(str(ckpt))
+    assert cb.actual["rng"] == rng_digests(cb.fmt)
+    if restored:
+        assert cb.finish(4)["status"] == "passed"
+    else:
+        with pytest.raises(ResumeAuditError, match="params"):
+            cb.finish(4)

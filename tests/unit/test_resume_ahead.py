@@ -142,3 +142,102 @@ def test_state_digests_are_the_same_on_any_number_of_threads(threads):
            if t.numel() * t.element_size() >= statedigest._PARALLEL_MIN]
     assert big and {statedigest.tensor_key(t) for t in big} <= set(memo)  # the large tensors hashed ahead
     assert statedigest.state_digests(model, opt, None, memo=memo) == plain
+
+
+# --- find does not wait for the thread: the deep check it leaves is finished beside the loads (ResumePoint.confirm)
+
+
+@pytest.fixture
+def deferred(monkeypatch):
+    """CheckAhead's thread held back until the run needs its verdict (harness.faults `defer`): find runs first."""
+    from harness import faults
+
+    monkeypatch.setenv(faults.FAULT_ENV, "rl.check_ahead:defer")
+    monkeypatch.setattr(faults, "_seen", {})
+    return lambda run: resume.CheckAhead(run, fault="rl.check_ahead")
+
+
+DAMAGES = ["none", "newest weights", "newest optimizer", "newest weights' header", "every checkpoint"]
+
+
+def _damage(run: Path, damage: str) -> None:
+    newest = run / "checkpoints" / "checkpoint-4"
+    if damage == "newest weights":
+        _flip(newest / "model.safetensors", -7)
+    elif damage == "newest optimizer":
+        _flip(newest / "optimizer.pt", 2000)
+    elif damage == "newest weights' header":
+        _flip(newest / "model.safetensors", 9)  # inside the JSON header: a loader fails on it
+    elif damage == "every checkpoint":
+        for d in (run / "checkpoints").iterdir():
+            _flip(d / "model.safetensors", -7)
+
+
+@pytest.mark.parametrize("damage", DAMAGES)
+def test_a_deep_check_left_to_the_loads_ends_in_the_same_decision(tmp_path, deferred, damage):
+    """find decides on the shallow checks while the thread has not hashed the files (the newest checkpoint, every
+    file unchecked); confirm finds the damage; find again decides exactly as find without a thread does."""
+    from tests.conftest import resume_decision
+
+    run = _run_dir(tmp_path)
+    _damage(run, damage)
+    try:
+        exact = _decision(resume.find(PLAN, run))
+    except Exception as exc:  # noqa: BLE001 (every checkpoint damaged: the refusal, the same both ways)
+        with pytest.raises(type(exc), match="damaged"):
+            resume_decision(PLAN, run, deferred(run))
+        return
+    ahead = deferred(run)
+    first = resume.find(PLAN, run, ahead)
+    assert first.checkpoint.name == "checkpoint-4" and not ahead.settled()  # chosen without waiting
+    assert set(first.unchecked) == {"model.safetensors", "optimizer.pt", "trainer_state.json"}
+    if damage == "none":
+        first.confirm()
+        first.confirm()  # once: the second call checks nothing again
+        assert _decision(first) == exact
+        return
+    with pytest.raises(resume.CheckpointDamaged, match="checkpoint-4") as caught:
+        first.confirm()
+    assert caught.value.problems == exact[1][0]["problems"]  # the same words as the exact find's
+    again = resume.find(PLAN, run, ahead)
+    assert _decision(again) == exact and exact[0].name == "checkpoint-2" and not again.unchecked
+
+
+def test_a_loader_error_on_a_damaged_file_becomes_the_damage(tmp_path, deferred):
+    """A loader that fails on the damage before the audit's confirm (a garbled header): confirm_after turns it
+    into CheckpointDamaged (the run falls back); on an intact checkpoint the loader's own error stands."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    run = _run_dir(tmp_path)
+    _damage(run, "newest weights' header")
+    first = resume.find(PLAN, run, deferred(run))
+    try:
+        load_file(first.checkpoint / "model.safetensors")
+    except SafetensorError as exc:  # (the flip can fail: a header that still parses would not raise)
+        with pytest.raises(resume.CheckpointDamaged, match="model.safetensors"):
+            first.confirm_after(exc)
+    else:
+        pytest.fail("the garbled header loaded")
+    (tmp_path / "intact").mkdir()
+    intact = _run_dir(tmp_path / "intact")
+    point = resume.find(PLAN, intact, deferred(intact))
+    point.confirm_after(RuntimeError("a loader's own error"))  # nothing damaged: returns, the caller re-raises
+    assert point._confirmed
+
+
+def test_a_resume_point_goes_to_the_other_ranks_without_its_thread(tmp_path, deferred):
+    import pickle
+
+    run = _run_dir(tmp_path)
+    point = resume.find(PLAN, run, deferred(run))
+    assert point.check is not None
+    copy = pickle.loads(pickle.dumps(point))
+    assert copy.check is None and copy.unchecked == point.unchecked and copy.checkpoint == point.checkpoint
+    point.confirm()
+
+
+def test_the_defer_fault_is_parsed_and_returned():
+    from harness import faults
+
+    assert faults.parse("rl.check_ahead:defer") == ("rl.check_ahead", 1, "defer")

@@ -1,4 +1,4 @@
-"""The private transformers hook the resume audit relies on (harness/audit.py, NOTE(trl-1.16)).
+"""The private transformers hooks the resume audit relies on (harness/audit.py, NOTE(trl-1.16)).
 
 If an upgrade renames or re-signs it, this fails here instead of the audit silently never
 observing the RNG restore (which would make every resume audit fail with rng.* missing).
@@ -12,6 +12,18 @@ from transformers import Trainer
 def test_trainer_load_rng_state_signature():
     sig = inspect.signature(Trainer._load_rng_state)
     assert list(sig.parameters) == ["self", "checkpoint"]
+
+
+def test_the_optimizer_loads_after_the_weights():
+    """The audit hashes the loaded weights on a thread from the start of _load_optimizer_and_scheduler on: the
+    weights must be loaded by then (Trainer.train: _load_from_checkpoint before _inner_training_loop; FSDP and
+    DeepSpeed load them in _prepare_for_training, before the optimizer)."""
+    assert list(inspect.signature(Trainer._load_optimizer_and_scheduler).parameters) == ["self", "checkpoint"]
+    train = inspect.getsource(Trainer.train)
+    assert train.index("self._load_from_checkpoint(resume_from_checkpoint)") < train.index("_inner_training_loop")
+    prep = inspect.getsource(Trainer._prepare_for_training)
+    assert prep.index("_load_from_checkpoint(resume_from_checkpoint, self.model_wrapped)") \
+        < prep.index("_load_optimizer_and_scheduler(resume_from_checkpoint)")
 
 
 def test_rng_is_restored_inside_the_epoch_loop_after_the_optimizer():
