@@ -17,6 +17,7 @@ of each component) before the first step. A failed audit stops the run with Resu
 from __future__ import annotations
 
 import logging
+import threading
 from pathlib import Path
 
 from transformers import TrainerCallback
@@ -66,8 +67,6 @@ class ResumeAuditCallback(TrainerCallback):
             # the Trainer has loaded the weights: their digests are taken on a thread while the optimizer state
             # loads (it reads no parameter and writes none); on_train_begin waits for them
             if checkpoint is not None and self.fmt >= 2 and self._params_hashing is None:
-                import threading
-
                 from harness.accounting.statedigest import fill_memo
 
                 params = [p for p in trainer.model.parameters() if p.requires_grad]

@@ -344,7 +344,7 @@ def _stages(plan: Plan, run: RunDir, parent_s: float, dumps) -> dict | None:
                                        "base_path": policy.base_path}}, parent=parent)  # a parent iff init=sft
         run.set_status("running", init=policy.init)
         trained = None
-        while trained is None:
+        while trained is None:  # twice at most: confirm leaves the thread done, and find is then exact
             resume = dist.on_main(find, plan, run.path, ahead)  # one decision for all ranks
             if resume.skipped:
                 run.update(skipped_checkpoints=[*run.manifest.get("skipped_checkpoints", []), *resume.skipped])

@@ -240,7 +240,7 @@ def _damaged_copy(killed: Path, tmp_path: Path, damage) -> tuple[Path, Path, str
 
 
 @pytest.mark.parametrize("damage", DAMAGE, ids=[d.__name__ for d in DAMAGE])
-def test_damage_is_named_by_verify_and_decided_by_the_resume(base, killed, tmp_path, damage):
+def test_damage_is_named_by_verify_and_decided_by_the_resume(base, killed, tmp_path, damage, monkeypatch):
     """The resume's decision (the claim and the resume stage, in process): the checkpoint it falls back to, or
     its refusal with a fix."""
     from harness.cli import compose_plan
@@ -259,10 +259,9 @@ def test_damage_is_named_by_verify_and_decided_by_the_resume(base, killed, tmp_p
     def aheads():  # the deep check on a thread, as a run takes it: done before find, or left to the loads
         yield None
         yield CheckAhead(run)
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setenv(FAULT_ENV, "rl.check_ahead:defer")
-            mp.setattr(faults, "_seen", {})
-            yield CheckAhead(run, fault="rl.check_ahead")
+        monkeypatch.setenv(FAULT_ENV, "rl.check_ahead:defer")  # read by the thread: set to the test's end
+        monkeypatch.setattr(faults, "_seen", {})
+        yield CheckAhead(run, fault="rl.check_ahead")
 
     if resumes.startswith("refused: "):
         for ahead in aheads():

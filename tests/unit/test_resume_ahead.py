@@ -68,17 +68,26 @@ def _decision(point: resume.ResumePoint) -> tuple:
     return point.checkpoint, point.skipped
 
 
-@pytest.mark.parametrize("damage", ["none", "newest weights", "newest optimizer", "every checkpoint"])
-def test_find_decides_the_same_with_the_digests_taken_ahead(tmp_path, damage):
-    run = _run_dir(tmp_path)
+DAMAGES = ["none", "newest weights", "newest optimizer", "newest weights' header", "every checkpoint"]
+
+
+def _damage(run: Path, damage: str) -> None:
     newest = run / "checkpoints" / "checkpoint-4"
     if damage == "newest weights":
         _flip(newest / "model.safetensors", -7)
     elif damage == "newest optimizer":
         _flip(newest / "optimizer.pt", 2000)
+    elif damage == "newest weights' header":
+        _flip(newest / "model.safetensors", 9)  # inside the JSON header: a loader fails on it
     elif damage == "every checkpoint":
         for d in (run / "checkpoints").iterdir():
             _flip(d / "model.safetensors", -7)
+
+
+@pytest.mark.parametrize("damage", DAMAGES)
+def test_find_decides_the_same_with_the_digests_taken_ahead(tmp_path, damage):
+    run = _run_dir(tmp_path)
+    _damage(run, damage)
     try:
         without = _decision(resume.find(PLAN, run))
     except Exception as exc:  # noqa: BLE001 (every checkpoint damaged: the refusal, the same both ways)
@@ -157,22 +166,6 @@ def deferred(monkeypatch):
     return lambda run: resume.CheckAhead(run, fault="rl.check_ahead")
 
 
-DAMAGES = ["none", "newest weights", "newest optimizer", "newest weights' header", "every checkpoint"]
-
-
-def _damage(run: Path, damage: str) -> None:
-    newest = run / "checkpoints" / "checkpoint-4"
-    if damage == "newest weights":
-        _flip(newest / "model.safetensors", -7)
-    elif damage == "newest optimizer":
-        _flip(newest / "optimizer.pt", 2000)
-    elif damage == "newest weights' header":
-        _flip(newest / "model.safetensors", 9)  # inside the JSON header: a loader fails on it
-    elif damage == "every checkpoint":
-        for d in (run / "checkpoints").iterdir():
-            _flip(d / "model.safetensors", -7)
-
-
 @pytest.mark.parametrize("damage", DAMAGES)
 def test_a_deep_check_left_to_the_loads_ends_in_the_same_decision(tmp_path, deferred, damage):
     """find decides on the shallow checks while the thread has not hashed the files (the newest checkpoint, every
@@ -224,6 +217,18 @@ def test_a_loader_error_on_a_damaged_file_becomes_the_damage(tmp_path, deferred)
     point = resume.find(PLAN, intact, deferred(intact))
     point.confirm_after(RuntimeError("a loader's own error"))  # nothing damaged: returns, the caller re-raises
     assert point._confirmed
+
+
+def test_with_several_ranks_find_waits_for_the_thread(tmp_path, deferred, monkeypatch):
+    """Several ranks: nothing is left unchecked (a loader failing on one rank could not send the others back)."""
+    from harness import dist
+
+    run = _run_dir(tmp_path)
+    _damage(run, "newest optimizer")
+    monkeypatch.setattr(dist, "is_multi", lambda: True)
+    point = resume.find(PLAN, run, deferred(run))
+    assert point.unchecked == () and point.checkpoint.name == "checkpoint-2"
+    assert [s["checkpoint"] for s in point.skipped] == ["checkpoint-4"]
 
 
 def test_a_resume_point_goes_to_the_other_ranks_without_its_thread(tmp_path, deferred):
