@@ -12,19 +12,15 @@ from pathlib import Path
 from typing import Any
 
 
-#: What an arm's kind decides, everywhere (one place each): the budget (sampled completion tokens vs
-#: loss-bearing tokens, harness.plan), the dataset builder (harness.trainsets), the ledger and trace
-#: (harness.stages.train), eval before training, the counters a checkpoint records, completion.json and the
-#: report's columns. "distill" is reserved for the on-policy distillation arm.
-KINDS = ("sft", "rl")
-
+from harness import kinds
 
 @dataclass(frozen=True)
 class ArmSpec:
     """One arm's registry entry, `ARM` in arms/<name>/__init__.py (torch-free).
 
     name     the arm's key: arm=<name>, conf/arm/<name>.yaml, arms/<name>/
-    kind     sft (supervised, loss-token cap) | rl (samples completions: token budget, ledger, trace)
+    kind     sft (supervised, loss-token cap) | rl (samples completions: token budget, ledger, trace); given
+             by name, kept as its object (harness.kinds.of: what the kind decides, everywhere, one place each)
     config   the arm's config dataclass (extends harness.config.fields.ArmConfig), the only declaration of
              its knobs; its `check(cfg, out)` adds the arm's plan-time rules
     summary  one line for --help and the report
@@ -33,21 +29,19 @@ class ArmSpec:
     """
 
     name: str
-    kind: str
+    kind: kinds.Kind
     config: type
     summary: str
     trainer: str = ""
     color: str | None = None
 
     def __post_init__(self):
-        if self.kind not in KINDS:
-            raise ValueError(f"arm {self.name}: kind {self.kind!r} is not one of {KINDS}")
+        try:
+            object.__setattr__(self, "kind", kinds.of(self.kind))
+        except ValueError as exc:
+            raise ValueError(f"arm {self.name}: {exc}") from None
         if not self.trainer:
             object.__setattr__(self, "trainer", f"arms.{self.name}.trainer")
-
-    @property
-    def rl(self) -> bool:
-        return self.kind == "rl"
 
 
 @dataclass

@@ -46,7 +46,7 @@ def harness_trial(plan, kind: str = "harness") -> Trial:
     assert execute(plan) == 0
     wall = time.perf_counter() - t0
     comp = json.loads((run_dir / "completion.json").read_text())
-    tokens = [r["tokens"] for r in read_rows(run_dir / "ledgers/rank-0.jsonl")] if plan.rl else []
+    tokens = [r["tokens"] for r in read_rows(run_dir / "ledgers/rank-0.jsonl")] if plan.kind.samples else []
     shutil.rmtree(run_dir)
     return Trial(kind, wall, comp["train_runtime_s"], comp["optimizer_steps"], tokens)
 

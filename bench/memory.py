@@ -88,7 +88,7 @@ def child(phase: str, result: Path, argv: list[str], early: int, late: int, trac
 
     def build_with_probe(plan, *args, **kwargs):
         trainer = build(plan, *args, **kwargs)
-        if plan.rl:
+        if plan.kind.samples:
             trainer.add_callback(RssProbe())
         return trainer
 

@@ -100,3 +100,43 @@ def hold() -> None:
     while not received() and not os.path.exists(path) and time.monotonic() < deadline:
         time.sleep(0.05)
     os.unlink(held)
+
+
+# --- the smoke check's kill switch (harness.smoke; the fault tests' HARNESS_SMOKE_KILL_*)
+
+KILL_RUN_ENV, KILL_STEP_ENV = "HARNESS_SMOKE_KILL_RUN", "HARNESS_SMOKE_KILL_STEP"
+KILL_HOW_ENV = "HARNESS_SMOKE_KILL_HOW"  # sigkill (default: a crash with no cleanup) | raise (an exception mid-training)
+
+
+class InjectedFault(RuntimeError):
+    """The exception a fault-injected run raises (HARNESS_SMOKE_KILL_HOW=raise): a crash inside training."""
+
+
+def install_kill_switch(trainer, plan) -> None:
+    """In a smoke child (or a fault test): at the end of the agreed step of the named run, SIGKILL this process
+    (no cleanup, like a crash) or, with HARNESS_SMOKE_KILL_HOW=raise, raise InjectedFault inside training. With
+    HARNESS_FAULT set (harness.faults), the point `<kind>.step` at the end of every optimizer step."""
+    from transformers import TrainerCallback
+
+    if armed():
+        class StepPoint(TrainerCallback):
+            def on_step_end(self, args, state, control, **kwargs):
+                point(f"{plan.kind}.step")
+
+        trainer.add_callback(StepPoint())
+    if os.environ.get(KILL_RUN_ENV) != plan.run_name:
+        return
+
+    step = int(os.environ[KILL_STEP_ENV])
+    how = os.environ.get(KILL_HOW_ENV, "sigkill")
+    if how not in ("sigkill", "raise"):
+        raise ValueError(f"{KILL_HOW_ENV}={how!r}: expected sigkill or raise")
+
+    class KillSwitch(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == step:
+                if how == "raise":
+                    raise InjectedFault(f"injected fault at the end of step {step} ({KILL_HOW_ENV}=raise)")
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    trainer.add_callback(KillSwitch())

@@ -1,27 +1,28 @@
-"""An arm's kind, as one object: what differs between an arm that samples (rl) and one that does not (sft).
+"""An arm's kind, as one object: what differs between an arm that samples (rl) and one that does not (sft),
+answered at plan time.
 
-The registry names each arm's kind (`ArmSpec.kind`: "sft" | "rl"); `Plan.kind` is that kind as an object of
-this module (`of(name)`). It is also its name: a `str` equal to "sft" or "rl", so the plan JSON, the run
-manifest, completion.json and the report read and write it as before. Everything else the kind decides lives
-here, one method each, and the run path asks the kind instead of testing it:
+The registry gives each arm its kind by name (`ArmSpec(kind="rl")`) and keeps it as the object of this module
+(`of(name)`); `Plan.kind` is that object. It is also its name: a `str` equal to "sft" or "rl", so the plan JSON,
+the run manifest, completion.json and the report read and write it as before. What the kind decides before a run
+lives here, one method each, and the planner and the run path ask the kind instead of testing it:
 
     the budget          the unit (sampled completion tokens | loss-bearing tokens), the plan's budget summary,
                         the fields the arm never reads (left out of semantic_sha256), the one-line budget
     a warm start        whether the plan carries an SFT parent (rl with arm.init=sft), where its policy starts
-    the logs            ledger and trace (rl), reopened at a checkpoint's frontier with their counters
-    the datasets        prompts with a reward function and ledger (rl) | supervised rows over passes (sft)
     evals               eval before training (rl), the eval curve's x axis (sampled tokens | steps)
     the preflight       the sampled tokens a prompt must leave room for (rl), whole rows against arm.max_length (sft)
-    completion.json     the budget fields (ledger summary, ceilings, per-rank counters) and their checks
-    the display         console line, progress bar, metrics row, end-of-run summary, model card rows
+    the display         the console line, the progress bar and the metrics row (from the run's counters), the
+                        end-of-run summary and the model card's budget rows (from completion.json): formatting
+                        only, no state of its own
 
-Torch-free at import (the planner reads it); what needs torch is imported inside the methods that train.
+What a run of the kind does (its logs and counters opened, its datasets, what it reads from its trainer,
+completion.json's budget fields and learning signal) is harness.stages.kind's.
+
+Torch-free, and light: it imports only what answers at plan time (the data spec, the generation round, the
+reward's identity), so the arms' registry (arms.common.ArmSpec) can hold its objects.
 """
 
 from __future__ import annotations
-
-from pathlib import Path
-from typing import Any
 
 
 class Kind(str):
@@ -77,33 +78,13 @@ class Kind(str):
         """Tokens sampled after a training prompt at most (the preflight's room in the context), or None."""
         return None
 
-    # --- run time
-
-    def open_logs(self, ctx, resume, opened) -> None:
-        """This rank's kind-specific logs and counters into ctx (`opened(key, rel)`: a log at the frontier)."""
-
     def evaluates_init(self, cfg) -> bool:
         """Whether a fresh run evaluates its init policy before training (eval before)."""
         return False
 
-    def trainset(self, plan, data, policy, ctx) -> tuple[Any, Any]:
-        """(the training dataset, the reward function TRL calls or None)."""
-        raise NotImplementedError
-
-    def built(self, trainer, ctx) -> None:
-        """What the run context reads from the trainer once it is built."""
-
-    def completion_fields(self, plan, run_path, ctx, trainer, ranks: list[dict]) -> dict:
-        """completion.json's budget fields, checked against every rank's counters."""
-        raise NotImplementedError
-
     def used(self, comp: dict) -> str:
         """The budget used, from completion.json: '1234/2048 tokens'."""
         raise NotImplementedError
-
-    def learning_signal(self, plan, run_path, world: int, eval_before: dict | None) -> dict:
-        """completion.json's `learning_signal` (harness.learning): {} for a kind that samples nothing."""
-        return {}
 
     def curve_point(self, point: dict) -> str:
         """Where an eval point of train.eval_steps sits on the run's x axis."""
@@ -163,28 +144,6 @@ class Sft(Kind):
             "rule": "train on the longest prefix of the planned passes (each a fresh seeded order of the training "
                     "split) whose loss tokens fit",
         }
-
-    def trainset(self, plan, data, policy, ctx):
-        from harness.trainsets import sft_dataset, sft_passes
-
-        cfg = plan.cfg
-        passes = sft_passes(cfg.arm, cfg.budget.max_steps, len(data.train_rows))
-        return sft_dataset(data.root, data.train_rows, is_vlm=cfg.model.is_vlm, seed=cfg.seed, passes=passes), None
-
-    def built(self, trainer, ctx) -> None:
-        ctx.loss_tokens = trainer.harness_loss_token_plan["loss_tokens"]
-
-    def completion_fields(self, plan, run_path, ctx, trainer, ranks: list[dict]) -> dict:
-        plan_lt = trainer.harness_loss_token_plan
-        trained = sum(r.get("trained_loss_tokens", 0) for r in ranks)
-        out = dict(realized_loss_tokens=trained, planned_loss_tokens=plan_lt["loss_tokens"],
-                   loss_token_ceiling=plan.budget["loss_token_ceiling"], sft_rows=plan_lt["rows"],
-                   # the trainer's max_steps is the prefix's steps, so the Trainer's view says nothing: what cut
-                   # the prefix of the epoch (the loss-token cap, budget.max_steps, or the end of the epoch)
-                   stopped_by=plan_lt["limit"], stopped_by_source="sft_prefix")
-        if len(ranks) > 1:
-            out["ranks"] = [{"rank": r["rank"], "trained_loss_tokens": r.get("trained_loss_tokens", 0)} for r in ranks]
-        return out
 
     def used(self, comp: dict) -> str:
         return f"{comp['realized_loss_tokens']}/{comp['loss_token_ceiling']} loss tok"
@@ -248,77 +207,8 @@ class Rl(Kind):
     def sampled_tokens(self, cfg) -> int | None:
         return cfg.arm.max_completion_length
 
-    def open_logs(self, ctx, resume, opened) -> None:
-        from harness.accounting.logs import ledger_path, trace_path
-
-        ctx.ledger, ctx.trace = opened("ledger", ledger_path(ctx.rank)), opened("trace", trace_path(ctx.rank))
-        totals = resume.totals(ctx.rank)
-        ctx.tokens_used, ctx.completions = totals.get("completion_tokens", 0), totals.get("completions", 0)
-        ctx.token_share = ctx.plan.budget["completion_token_ceiling"] // ctx.world
-        ctx.round = ctx.plan.round
-        ctx.signal = self._monitor(ctx.plan)
-        if ctx.signal is not None and resume.checkpoint is not None:  # the window goes on from the checkpoint's
-            from harness.learning import rounds_of_rows, trace_rows
-
-            for r in rounds_of_rows(trace_rows(ctx.run_dir, ctx.world, before_step=resume.manifest["step"])):
-                ctx.signal.observe(r)
-
-    @staticmethod
-    def _monitor(plan):
-        """The learning-signal monitor of this plan, None where the reward does not drive the update (opd)."""
-        from harness.config.schema import BUILTIN_REWARD
-        from harness.learning import Monitor
-
-        cfg = plan.cfg
-        extra = cfg.arm.reward_free_terms()
-        if extra is None:
-            return None
-        return Monitor(cfg.train.signal_window, arm=cfg.arm.name, extra_terms=extra,
-                       schema_reward=cfg.reward._target_ == BUILTIN_REWARD and not cfg.reward.components)
-
-    def learning_signal(self, plan, run_path, world: int, eval_before: dict | None) -> dict:
-        from harness.accounting.logs import METRICS_PATH, read_rows
-        from harness.learning import at_ceiling, rounds_of_rows, summary, trace_rows
-
-        mon = self._monitor(plan)
-        out = {}
-        if mon is not None:
-            out = summary(rounds_of_rows(trace_rows(run_path, world)), mon.window, schema_reward=mon.schema_reward,
-                          arm=mon.arm, extra_terms=mon.extra_terms)
-            found = out["no_update"]
-            metrics = Path(run_path) / METRICS_PATH
-            if found is not None and metrics.is_file():  # the gradient the measured steps had (TRL's grad_norm)
-                norms = [r["grad_norm"] for r in read_rows(metrics) if isinstance(r.get("grad_norm"), (int, float))
-                         and found["since_step"] <= r["step"] <= found["until_step"] + plan.round.cycle - 1]
-                found["grad_norm_max"] = max(norms) if norms else None
-        out["eval_before_at_ceiling"] = at_ceiling(eval_before, plan.cfg.data.eval_split)
-        return {"learning_signal": out}
-
     def evaluates_init(self, cfg) -> bool:
         return cfg.train.eval_before
-
-    def trainset(self, plan, data, policy, ctx):
-        from harness.accounting.ledger import HarnessReward, provenance_of
-        from harness.eval.during import plan_rewards
-        from harness.trainsets import rl_dataset
-
-        dataset = rl_dataset(data.root, data.train_rows, is_vlm=plan.cfg.model.is_vlm)
-        return dataset, HarnessReward(ctx, rewards=plan_rewards(plan), eos_token_ids=policy.eos_token_ids,
-                                      provenance=provenance_of(plan))
-
-    def completion_fields(self, plan, run_path, ctx, trainer, ranks: list[dict]) -> dict:
-        from harness.accounting.logs import ledger_summary
-
-        out = ledger_summary(run_path, ctx.world)
-        out["completion_token_ceiling"] = plan.budget["completion_token_ceiling"]
-        out["ranks"] = [{k: r[k] for k in ("rank", "completion_tokens", "completions")} for r in ranks]
-        if out["realized_completion_tokens"] > out["completion_token_ceiling"]:
-            raise RuntimeError(f"BUG: realized {out['realized_completion_tokens']} tokens > ceiling "
-                               f"{out['completion_token_ceiling']}")
-        if sum(r["completion_tokens"] for r in ranks) != out["realized_completion_tokens"]:
-            raise RuntimeError(f"BUG: the ranks counted {[r['completion_tokens'] for r in ranks]} tokens, their "
-                               f"ledgers hold {out['realized_completion_tokens']}")
-        return out
 
     def used(self, comp: dict) -> str:
         return f"{comp['realized_completion_tokens']}/{comp['completion_token_ceiling']} tokens"

@@ -131,7 +131,7 @@ def with_teacher_identity(plan: Plan) -> Plan:
     """The plan with its planned teacher's final policy in identity.teacher (digest, eval), read now that the
     teacher has run: what the manifest, every checkpoint and a resume check then compare. The teacher's plan
     identity must still be the one planned (its semantic hash): a run dir of another teacher is refused."""
-    from harness.policy import final_policy_identity
+    from harness.accounting.weights import final_policy_identity
 
     now = final_policy_identity(plan.teacher.run_dir)
     planned = plan.identity["teacher"]
@@ -491,10 +491,10 @@ def _learning_lines(signal: dict) -> list[str]:
 
 
 def _no_signal_lines(plan: Plan, before: dict, after: dict) -> list[str]:
-    """A policy that abstains on every view of its final eval (harness.report.signal): what that means, and the fix."""
-    from harness.report.signal import abstains_everywhere, abstention_fix, abstention_text
+    """A policy that abstains on every view of its final eval (harness.eval.abstention): what that means, and the fix."""
+    from harness.eval.abstention import abstains_everywhere, abstention_fix, abstention_text
 
     if not abstains_everywhere(after):
         return []
     init = " Its init (the eval before training) abstained on every view too." if abstains_everywhere(before) else ""
-    return [f"NO SIGNAL: {abstention_text(after)}{init}", f"  {abstention_fix(plan.config, plan.kind.samples)}"]
+    return [f"NO SIGNAL: {abstention_text(after)}{init}", f"  {abstention_fix(plan.cfg, plan.kind.samples)}"]

@@ -97,11 +97,6 @@ class Plan:
         return tuple(Prerequisite(role, p) for role, p in ((WARM_START, self.parent), (TEACHER, self.teacher))
                      if p is not None)
 
-    @property
-    def rl(self) -> bool:
-        """Whether the arm samples (its kind's `samples`): the run path asks the kind itself (harness.kinds)."""
-        return self.kind.samples
-
     def to_json(self) -> dict:
         return {
             "plan_version": PLAN_VERSION,
@@ -157,7 +152,7 @@ def build_plan(cfg: DictConfig | Config, choices: Mapping[str, Any] | None = Non
     `process_identity`: the code and environment identity already read for this plan's child (the parent
     is planned in the same process, a moment later: the same git state and packages)."""
     typed = _to_typed(cfg)
-    kind = kinds.of(registry()[typed.arm.name].kind)
+    kind = registry()[typed.arm.name].kind
     findings = run_checks(typed)
     if findings.problems:
         raise ConfigError(findings.problems)
@@ -205,7 +200,7 @@ def build_plan(cfg: DictConfig | Config, choices: Mapping[str, Any] | None = Non
 def sft_parent(cfg: Config, overrides: list[str], process_identity: dict | None = None) -> Plan | None:
     """The plan of the SFT warm start of an RL plan with arm.init=sft: the same command line (model, data,
     seed, ...) with arm=sft, capped by budget.sft_warm_start_steps; None for every other plan."""
-    if not kinds.of(registry()[cfg.arm.name].kind).warm_start(cfg):
+    if not registry()[cfg.arm.name].kind.warm_start(cfg):
         return None
     b = cfg.budget
     length = [f"arm.max_length={b.sft_warm_start_max_length}"] if b.sft_warm_start_max_length is not None else []
@@ -247,7 +242,7 @@ def teacher_plan(cfg: Config, overrides: list[str], process_identity: dict | Non
 def planned_teacher_identity(spec: str, teacher: Plan) -> dict:
     """identity.teacher of a plan with a planned teacher: its run's final policy (digest and eval when it has
     completed; None until then, filled by the lifecycle once it has run) and its plan's semantic identity."""
-    from harness.policy import final_policy_identity
+    from harness.accounting.weights import final_policy_identity
 
     out = {"spec": spec, **final_policy_identity(teacher.run_dir)}
     out.update(arm=teacher.arm, semantic_sha256=teacher.identity["semantic_sha256"])  # the plan's, whatever is on disk

@@ -20,6 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from harness.accounting.weights import (  # noqa: F401  (their documented import path: harness.policy)
+    NOT_WEIGHTS, POLICY_FILES, POLICY_MANIFEST, WEIGHT_SUFFIXES, final_policy_identity, is_policy_dir, is_weight_file,
+    weights_digest, weights_digest_of_files)
 from harness.card import CARD, provisional_card
 from harness.faults import point
 from harness.identity import sha256_file
@@ -30,7 +33,6 @@ if TYPE_CHECKING:
     from harness.config.schema import ModelConfig
 
 log = logging.getLogger("harness")
-POLICY_MANIFEST = "harness_policy.json"
 
 
 @dataclass(frozen=True)
@@ -42,76 +44,6 @@ class Policy:
     init: dict  # {"kind": sft|scratch|path, "path": ..., "parent_run": ...}
     suppress_token_ids: list[int] = field(default_factory=list)
     eos_token_ids: list[int] = field(default_factory=list)
-
-
-#: a directory holding one of these is a policy the harness can start from or distill from: full weights
-#: (config.json) or a PEFT adapter (adapter_config.json)
-POLICY_FILES = ("config.json", "adapter_config.json")
-
-
-def is_policy_dir(path: str | Path) -> bool:
-    """Whether `path` holds a policy (arm.init=<path>, opd's arm.teacher=<path>): POLICY_FILES. Torch-free."""
-    return any((Path(path) / name).is_file() for name in POLICY_FILES)
-
-
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
-NOT_WEIGHTS = ("optimizer", "scheduler", "rng_state", "training_args")
-
-
-def weights_digest(path: str | Path) -> str | None:
-    """sha256 over the policy's weight files as recorded by its manifest (final_policy's harness_policy.json
-    or a checkpoint's harness_checkpoint.json); None when the directory has no harness manifest."""
-    from harness.accounting.checkpoint import CHECKPOINT_MANIFEST
-    from harness.identity import canonical_json, sha256_text
-
-    path = Path(path)
-    for name in (POLICY_MANIFEST, CHECKPOINT_MANIFEST):
-        if (path / name).is_file():
-            manifest = read_json(path / name)
-            files, base = manifest.get("files") or {}, set(manifest.get("base_files") or ())  # a LoRA's copied base
-            # a checkpoint's files carry their xxh3 (digest format 2) or sha256 (format 1, and final_policy's)
-            weights = {k: v.get("xxh3") or v["sha256"] for k, v in files.items() if is_weight_file(k) and k not in base}
-            return sha256_text(canonical_json(weights)) if weights else None
-    return None
-
-
-def is_weight_file(rel: str) -> bool:
-    return rel.endswith(WEIGHT_SUFFIXES) and not Path(rel).name.startswith(NOT_WEIGHTS)
-
-
-def weights_digest_of_files(path: str | Path, file_digest=None) -> str | None:
-    """weights_digest of a directory's weight files as they are on disk; the same value weights_digest gives once
-    its manifest is published, given the digest its manifest records: a checkpoint's (the periodic eval's weights,
-    before the manifest; by default read from the file, in the training process the Recorder's, which publish then
-    reuses: no file is hashed twice), or `sha256_file` for final_policy."""
-    from harness.accounting.filedigest import file_digest as checkpoint_file_digest
-    from harness.identity import canonical_json, sha256_text
-
-    path = Path(path)
-    file_digest = file_digest or checkpoint_file_digest
-    weights = {str(p.relative_to(path)): file_digest(p) for p in sorted(path.rglob("*"))
-               if p.is_file() and is_weight_file(str(p.relative_to(path)))}
-    return sha256_text(canonical_json(weights)) if weights else None
-
-
-def final_policy_identity(run_dir: str | Path) -> dict:
-    """What a plan records of another run's final policy (opd's teacher): its directory, the digest of its weight
-    files, that run's arm and semantic identity, and its final eval. Torch-free. A run that has not completed
-    has no final policy yet: then weights_sha256 and the eval are None (filled once it has run)."""
-    import json
-
-    run = Path(run_dir)
-    path = (run / "final_policy").resolve()
-    done = (run / "completion.json").is_file()
-    out = {"path": str(path), "weights_sha256": weights_digest_of_files(path, sha256_file) if done else None,
-           "run_name": run.name, "arm": None, "semantic_sha256": None, "eval_accuracy": None, "eval_split": None}
-    if (run / "run_manifest.json").is_file():
-        plan = json.loads((run / "run_manifest.json").read_text())["plan"]
-        out.update(arm=plan["config"]["arm"]["name"], semantic_sha256=plan["identity"]["semantic_sha256"])
-    if done:
-        after = json.loads((run / "completion.json").read_text()).get("eval_after") or {}
-        out.update(eval_accuracy=after.get("accuracy"), eval_split=after.get("split"))
-    return out
 
 
 def eos_token_ids(processor, model=None) -> list[int]:
@@ -157,12 +89,12 @@ def build_base(plan, corpus: list[str]) -> tuple[str, dict]:
 
 
 def load_policy(path: str | Path, *, base_path: str | None = None, trainable: bool = True,
-                model_cfg: ModelConfig | dict | None = None):
+                model_cfg: ModelConfig | None = None):
     """(model, processor) from a saved policy: a full model dir, or a PEFT adapter over `base_path`.
 
-    `model_cfg` (the plan's `cfg.model`, or its serialized form: a manifest's config["model"]): the weights' dtype
-    and attention backend, and the processor's model.min_pixels / model.max_pixels; without it, the checkpoint's
-    own (`dtype="auto"`)."""
+    `model_cfg` (the plan's typed `cfg.model`; a run manifest's config["model"] is read back through the schema
+    first, `harness.config.typed.from_json(ModelConfig, ...)`): the weights' dtype and attention backend, and the
+    processor's model.min_pixels / model.max_pixels; without it, the checkpoint's own (`dtype="auto"`)."""
     return (load_policy_model(path, base_path=base_path, trainable=trainable, model_cfg=model_cfg),
             load_policy_processor(path, base_path=base_path, model_cfg=model_cfg))
 
@@ -174,19 +106,9 @@ def policy_base(path: Path, base_path: str | None) -> str | None:
     return base_path
 
 
-def model_fields(model_cfg: ModelConfig | dict | None) -> dict:
-    """The model config as the loaders read it, plain JSON values (enums as strings): the typed `plan.cfg.model`
-    serialized, a dict (a run manifest's config["model"], possibly of an older schema) as it is, None as {}."""
-    if model_cfg is None or isinstance(model_cfg, dict):
-        return model_cfg or {}
-    from harness.identity import to_jsonable
-
-    return to_jsonable(model_cfg)
-
-
 def load_policy_model(path: str | Path, *, base_path: str | None = None, trainable: bool = True,
-                      model_cfg: ModelConfig | dict | None = None):
-    path, m = Path(path), model_fields(model_cfg)
+                      model_cfg: ModelConfig | None = None):
+    path, m = Path(path), model_cfg
     if not (path / "adapter_config.json").is_file():
         return _auto_model(str(path), m)
     from peft import PeftModel
@@ -195,25 +117,24 @@ def load_policy_model(path: str | Path, *, base_path: str | None = None, trainab
 
 
 def load_policy_processor(path: str | Path, *, base_path: str | None = None,
-                          model_cfg: ModelConfig | dict | None = None):
+                          model_cfg: ModelConfig | None = None):
     """The processor a saved policy runs with. A run on a real checkpoint takes that checkpoint's own processor files,
     whatever the policy dir holds: a Trainer checkpoint holds what the image-only processor saves (no video
     processor), which the stock AutoProcessor cannot rebuild."""
-    path, m = Path(path), model_fields(model_cfg)
+    path, m = Path(path), model_cfg
     base = policy_base(path, base_path)
-    if m.get("source") == "pretrained" and base:
+    if m is not None and m.source == "pretrained" and base:
         return load_processing(Path(base), m)
     return load_processing(path if (path / "tokenizer_config.json").exists() else Path(base), m)
 
 
-def load_processing(path: Path, m: ModelConfig | dict):
+def load_processing(path: Path, m: ModelConfig | None):
     """The processor (a tokenizer for text-only models) saved in `path`: the tiny models' HarnessVLProcessor
     through AutoProcessor, a real checkpoint's through harness.models.pretrained (image-only without torchvision)."""
     import harness.models  # noqa: F401  (registers the image-only processor with AutoProcessor)
     from harness.models.pretrained import is_harness_processor, load_processor, set_pixels
 
-    m = model_fields(m)
-    lo, hi = m.get("min_pixels"), m.get("max_pixels")
+    lo, hi = (m.min_pixels, m.max_pixels) if m is not None else (None, None)
     if is_harness_processor(path) or not _is_vlm_dir(path):
         from transformers import AutoProcessor
 
@@ -230,17 +151,16 @@ def _is_vlm_dir(path: Path) -> bool:
     return (path / "preprocessor_config.json").is_file() or (path / "processor_config.json").is_file()
 
 
-def _auto_model(path: str, m: dict | None = None):
+def _auto_model(path: str, m: ModelConfig | None = None):
     import json
 
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
-    m = m or {}
     cfg = json.loads((Path(path) / "config.json").read_text())
     is_vlm = "vision_config" in cfg
     cls = AutoModelForImageTextToText if is_vlm else AutoModelForCausalLM
-    kw = {"attn_implementation": m["attn_implementation"]} if m.get("attn_implementation") else {}
-    return cls.from_pretrained(path, dtype=m.get("dtype") or "auto", **kw)
+    kw = {"attn_implementation": m.attn_implementation} if m is not None and m.attn_implementation else {}
+    return cls.from_pretrained(path, dtype=m.dtype.value if m is not None else "auto", **kw)
 
 
 def apply_tuning(model, plan):
@@ -275,7 +195,7 @@ def save_final_policy(trainer, run_dir: Path, *, base_path: str, plan) -> dict:
         return None
     proc = trainer.processing_class
     proc.save_pretrained(str(tmp))
-    portable = make_portable(tmp, model_cfg=plan.config["model"], train_cfg=plan.config["train"], base_path=base_path)
+    portable = make_portable(tmp, model_cfg=plan.cfg.model, train_cfg=plan.cfg.train, base_path=base_path)
     atomic_write_bytes(tmp / CARD, provisional_card(plan).encode("utf-8"))  # replaced after the final eval
     files = {str(p.relative_to(tmp)): {"sha256": sha256_file(p), "size": p.stat().st_size}
              for p in sorted(tmp.rglob("*")) if p.is_file()}

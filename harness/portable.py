@@ -34,8 +34,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from harness.rundir import atomic_write_bytes, atomic_write_json, read_json
+
+if TYPE_CHECKING:
+    from harness.config.schema import ModelConfig, TrainConfig
 
 PROCESSOR_CLASS = "HarnessVLProcessor"
 PROCESSOR_CODE = "processing_harness_vl.py"
@@ -87,15 +91,15 @@ def ship_image_only_code(folder: Path, base_path: str) -> str | None:
     return _ship(folder, {"processor_class": stock, **cfg}, IMAGE_ONLY[stock])
 
 
-def adapter_base(model_cfg: dict, train_cfg: dict, base_path: str) -> dict:
+def adapter_base(model_cfg: ModelConfig, train_cfg: TrainConfig, base_path: str) -> dict:
     """Where a LoRA adapter's base comes from: {"base_model_name_or_path", "embed", "portable", "note"}."""
-    if model_cfg["source"] == "tiny":
-        pushed = train_cfg.get("push_to_hub") and train_cfg.get("hub_model_id")
-        return {"base_model_name_or_path": train_cfg["hub_model_id"] if pushed else ".", "embed": True,
+    if model_cfg.source == "tiny":
+        pushed = train_cfg.push_to_hub and train_cfg.hub_model_id
+        return {"base_model_name_or_path": train_cfg.hub_model_id if pushed else ".", "embed": True,
                 "portable": True, "note": "the tiny base is stored in this folder (config.json, model.safetensors)"}
-    if model_cfg.get("hub_id") and not model_cfg.get("path"):  # found in the HF cache under that id
-        return {"base_model_name_or_path": model_cfg["hub_id"], "embed": False, "portable": True,
-                "note": f"the base is the Hugging Face model {model_cfg['hub_id']}"}
+    if model_cfg.hub_id and not model_cfg.path:  # found in the HF cache under that id
+        return {"base_model_name_or_path": model_cfg.hub_id, "embed": False, "portable": True,
+                "note": f"the base is the Hugging Face model {model_cfg.hub_id}"}
     return {"base_model_name_or_path": base_path, "embed": False, "portable": False,
             "note": f"the base is the local checkpoint {base_path} (model.path): copy it along, or set model.hub_id "
                     "to name a hub model"}
@@ -108,7 +112,7 @@ PROCESSOR_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "mer
                    "processor_config.json", "chat_template.json", "chat_template.jinja")
 
 
-def copy_checkpoint_processor(folder: Path, base_path: str, model_cfg: dict) -> list[str]:
+def copy_checkpoint_processor(folder: Path, base_path: str, model_cfg: ModelConfig) -> list[str]:
     """Replace the processor files the Trainer saved in `folder` by the checkpoint's own (a pretrained model):
     the image-only processor the harness builds without torchvision saves transformers 5's form without a video
     processor, which the stock AutoProcessor cannot rebuild. model.min_pixels / max_pixels, when set, go into
@@ -123,7 +127,7 @@ def copy_checkpoint_processor(folder: Path, base_path: str, model_cfg: dict) -> 
             atomic_write_bytes(folder / name, (base / name).read_bytes())
             copied.append(name)
     pre = folder / "preprocessor_config.json"
-    pixels = {k: model_cfg.get(k) for k in ("min_pixels", "max_pixels") if model_cfg.get(k) is not None}
+    pixels = {k: getattr(model_cfg, k) for k in ("min_pixels", "max_pixels") if getattr(model_cfg, k) is not None}
     if pixels and pre.is_file():
         cfg = read_json(pre)
         if isinstance(cfg.get("size"), dict):
@@ -136,10 +140,10 @@ def copy_checkpoint_processor(folder: Path, base_path: str, model_cfg: dict) -> 
     return copied
 
 
-def make_portable(folder: Path, *, model_cfg: dict, train_cfg: dict, base_path: str) -> dict:
+def make_portable(folder: Path, *, model_cfg: ModelConfig, train_cfg: TrainConfig, base_path: str) -> dict:
     """Ship the processor code (with a real checkpoint's own processor files) and, for an adapter, name (or embed)
     its base; what harness_policy.json records under `portable` (and `base_files`)."""
-    if model_cfg.get("source") == "pretrained":
+    if model_cfg.source == "pretrained":
         files = copy_checkpoint_processor(folder, base_path, model_cfg)
         out = {"processor_code": ship_image_only_code(folder, base_path), "base_files": [], "processor_files": files}
     else:

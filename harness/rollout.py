@@ -9,25 +9,28 @@ and, optionally, sampling constrained to the answer schema's regex.
 from __future__ import annotations
 
 from harness.answers import ANSWER_REGEX
+from harness.config.fields import RolloutBackend
+from harness.config.schema import RolloutConfig
 
 
-def rollout_kwargs(r: dict) -> dict:
-    """GRPOConfig fields of the plan's rollout config `r` (a dict of plan.config["rollout"])."""
-    if r["backend"] != "vllm":
+def rollout_kwargs(r: RolloutConfig) -> dict:
+    """GRPOConfig fields of the plan's typed rollout config (`plan.cfg.rollout`), as the plain values TRL compares
+    against its own strings (the enums' values)."""
+    if r.backend is not RolloutBackend.vllm:
         return {}
     kw = dict(
         use_vllm=True,
-        vllm_mode=r["vllm_mode"],
-        vllm_gpu_memory_utilization=r["gpu_memory_utilization"],
-        vllm_tensor_parallel_size=r["tensor_parallel_size"],
-        vllm_enable_sleep_mode=r["enable_sleep_mode"],
-        vllm_server_host=r["server_host"],
-        vllm_server_port=r["server_port"],
-        vllm_importance_sampling_correction=r["importance_sampling_correction"],
-        vllm_importance_sampling_mode=r["importance_sampling_mode"],
-        vllm_importance_sampling_clip_max=r["importance_sampling_clip_max"],
-        vllm_importance_sampling_clip_min=r["importance_sampling_clip_min"],
+        vllm_mode=r.vllm_mode.value if r.vllm_mode is not None else None,
+        vllm_gpu_memory_utilization=r.gpu_memory_utilization,
+        vllm_tensor_parallel_size=r.tensor_parallel_size,
+        vllm_enable_sleep_mode=r.enable_sleep_mode,
+        vllm_server_host=r.server_host,
+        vllm_server_port=r.server_port,
+        vllm_importance_sampling_correction=r.importance_sampling_correction,
+        vllm_importance_sampling_mode=r.importance_sampling_mode.value,
+        vllm_importance_sampling_clip_max=r.importance_sampling_clip_max,
+        vllm_importance_sampling_clip_min=r.importance_sampling_clip_min,
     )
-    if r["structured_output"]:
+    if r.structured_output:
         kw["vllm_structured_outputs_regex"] = ANSWER_REGEX
     return kw

@@ -26,14 +26,9 @@ from pathlib import Path
 
 from harness.accounting.logs import read_rows
 from harness.errors import HarnessError
+from harness.faults import KILL_RUN_ENV, KILL_STEP_ENV
 
 log = logging.getLogger("harness")
-KILL_RUN_ENV, KILL_STEP_ENV = "HARNESS_SMOKE_KILL_RUN", "HARNESS_SMOKE_KILL_STEP"
-KILL_HOW_ENV = "HARNESS_SMOKE_KILL_HOW"  # sigkill (default: a crash with no cleanup) | raise (an exception mid-training)
-
-
-class InjectedFault(RuntimeError):
-    """The exception a fault-injected run raises (HARNESS_SMOKE_KILL_HOW=raise): a crash inside training."""
 
 
 class SmokeFailed(HarnessError):
@@ -128,35 +123,3 @@ def check_resumed_run(run_dir: Path) -> list[str]:
         if set(per_step) != expected or len(set(per_step.values())) != 1:
             out.append(f"ledger rows per step are uneven or missing: {dict(sorted(per_step.items()))}")
     return out
-
-
-def install_kill_switch(trainer, plan) -> None:
-    """In a smoke child (or a fault test): at the end of the agreed step of the named run, SIGKILL this process
-    (no cleanup, like a crash) or, with HARNESS_SMOKE_KILL_HOW=raise, raise InjectedFault inside training. With
-    HARNESS_FAULT set (harness.faults), the point `<kind>.step` at the end of every optimizer step."""
-    from transformers import TrainerCallback
-
-    from harness import faults
-
-    if faults.armed():
-        class StepPoint(TrainerCallback):
-            def on_step_end(self, args, state, control, **kwargs):
-                faults.point(f"{plan.kind}.step")
-
-        trainer.add_callback(StepPoint())
-    if os.environ.get(KILL_RUN_ENV) != plan.run_name:
-        return
-
-    step = int(os.environ[KILL_STEP_ENV])
-    how = os.environ.get(KILL_HOW_ENV, "sigkill")
-    if how not in ("sigkill", "raise"):
-        raise ValueError(f"{KILL_HOW_ENV}={how!r}: expected sigkill or raise")
-
-    class KillSwitch(TrainerCallback):
-        def on_step_end(self, args, state, control, **kwargs):
-            if state.global_step == step:
-                if how == "raise":
-                    raise InjectedFault(f"injected fault at the end of step {step} ({KILL_HOW_ENV}=raise)")
-                os.kill(os.getpid(), signal.SIGKILL)
-
-    trainer.add_callback(KillSwitch())

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from pathlib import Path
 from typing import Optional
 
 from harness.config.fields import ArmConfig, f
@@ -66,7 +65,7 @@ class GrpoArm(ArmConfig):
 
 def check_init(arm, out) -> None:
     """arm.init of an arm that starts from a policy (every RL arm, opd)."""
-    from harness.policy import is_policy_dir
+    from harness.accounting.weights import is_policy_dir
 
     if arm.init not in ("sft", "scratch") and not is_policy_dir(arm.init):
         out.error("arm.init", arm.init, "is neither sft, scratch, nor a policy directory (config.json or "

@@ -37,7 +37,7 @@ def grpo_config_kwargs(ctx: BuildContext) -> dict:
         log_completions=False,
         disable_dropout=True,
     )
-    kw.update(rollout_kwargs(ctx.plan.config["rollout"]))  # harness.rollout maps the serialized rollout group
+    kw.update(rollout_kwargs(ctx.plan.cfg.rollout))  # harness.rollout maps the rollout group onto TRL's fields
     return kw
 
 

@@ -76,7 +76,7 @@ class OpdArm(ArmConfig):
 
 
 def _is_policy_dir(path: Path) -> bool:
-    from harness.policy import is_policy_dir
+    from harness.accounting.weights import is_policy_dir
 
     return is_policy_dir(path)
 
@@ -108,7 +108,7 @@ def teacher_identity(teacher: str, output_root: str) -> dict:
     """What the plan records of a teacher given as run:<name> or a directory (semantic: a changed teacher refuses
     a resume): its directory, the digest of its weight files, and for run:<name> that run's semantic identity
     and final eval. A planned teacher (arm.teacher=<arm>) is recorded by harness.plan from its plan."""
-    from harness.policy import final_policy_identity, weights_digest_of_files
+    from harness.accounting.weights import final_policy_identity, weights_digest_of_files
 
     path = teacher_dir(teacher, output_root)
     if teacher.startswith(RUN_PREFIX):

@@ -58,7 +58,7 @@ def run_checks(cfg: Config) -> Findings:
 def check_objective(cfg: Config, out: Findings) -> None:
     import difflib
 
-    from harness.report.metrics import METRIC_TITLES
+    from harness.metrics import METRIC_TITLES
 
     if cfg.objective not in METRIC_TITLES:
         best = difflib.get_close_matches(cfg.objective, list(METRIC_TITLES), n=1)
@@ -264,7 +264,7 @@ def check_reward(cfg: Config, out: Findings) -> None:
 def check_warm_start(cfg: Config, out: Findings) -> None:
     """The warm start's format check reads its final eval: without one it cannot check, and the plan says so."""
     b, rl = cfg.budget, registry().get(cfg.arm.name)
-    if rl is None or not rl.rl or getattr(cfg.arm, "init", None) != "sft":
+    if rl is None or not rl.kind.samples or getattr(cfg.arm, "init", None) != "sft":
         return
     if b.sft_warm_start_min_format > 0 and not cfg.train.eval_after:
         out.warn(f"budget.sft_warm_start_min_format={b.sft_warm_start_min_format} is not checked: it reads the SFT warm "
@@ -319,7 +319,7 @@ def check_rollout_and_placement(cfg: Config, out: Findings) -> None:
         if not cuda_visible():
             out.error("rollout", r.name, "vLLM rollouts need a CUDA device and none is visible",
                       "run on a GPU node, or use rollout=hf")
-        if cfg.arm.name in registry() and not registry()[cfg.arm.name].rl:
+        if cfg.arm.name in registry() and not registry()[cfg.arm.name].kind.samples:
             out.error("rollout", r.name, f"arm={cfg.arm.name} samples nothing", f"use rollout=hf with arm={cfg.arm.name}")
         if r.importance_sampling_correction and r.importance_sampling_clip_min >= r.importance_sampling_clip_max:
             # TRL's GRPOConfig refuses it too, but only on the GPU node once the model is loaded

@@ -44,17 +44,12 @@ def enabled() -> bool:
 
 
 def cache_dir() -> Path | None:
-    """Where entries live; None when no home directory can be found (then nothing is cached)."""
-    root = os.environ.get("HARNESS_CACHE_DIR")
-    if root:
-        return Path(root) / "compose"
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    if xdg and os.path.isabs(xdg):  # the XDG spec: a relative path is invalid and is ignored
-        return Path(xdg) / "harness" / "compose"
-    try:
-        return Path.home() / ".cache" / "harness" / "compose"
-    except RuntimeError:  # no HOME and no passwd entry
-        return None
+    """Where entries live (compose/ of the user's harness cache); None when no home directory can be found (then
+    nothing is cached)."""
+    from harness.usercache import user_cache_dir
+
+    root = user_cache_dir()
+    return root / "compose" if root is not None else None
 
 
 # --- the key

@@ -77,7 +77,7 @@ def _int(opts: dict, key: str, default):
 def resolve(run_dir: Path, opts: dict) -> SimpleNamespace:
     """Check the run dir and the arguments; torch-free, nothing written."""
     from harness.accounting.checkpoint import CHECKPOINT_MANIFEST, checkpoint_problems
-    from harness.policy import POLICY_MANIFEST, weights_digest
+    from harness.accounting.weights import POLICY_MANIFEST, weights_digest
 
     run_dir = run_dir.resolve()
     if not (run_dir / "run_manifest.json").is_file():
@@ -172,12 +172,13 @@ def evaluate(job: SimpleNamespace) -> dict:
     rewards = Rewards(c["reward"], data_source=job.cfg.data.name)
     root = getattr(job, "data_root", None) or check_data(job)
     rows = eval_rows(load_split(root, job.split), job.max_items)
+    m = job.cfg.model  # a field the run's harness did not have yet takes its default: the same tensors either way
     model, processor = load_policy(job.policy_path, base_path=ident["model"].get("base_path"), trainable=False,
-                                   model_cfg=c["model"])
-    imagecache.install(processor, c["model"].get("image_cache_mb", 0))  # runs planned before the field: off
+                                   model_cfg=m)
+    imagecache.install(processor, m.image_cache_mb)
     from harness.stages.policy import fast_vision, never_sampled
 
-    fast_vision(model, processor, c["model"])  # the same, bit for bit, in a no-grad eval; runs planned before the fields: off
+    fast_vision(model, processor, m)  # the same, bit for bit, in a no-grad eval
     plan = SimpleNamespace(run_name=job.manifest["run_name"], identity=ident, config=c)
     model.to(device_for(job.cfg.placement.device))
     return run_eval(model, processor, root, rows, plan=plan, run_dir=job.run_dir, split=job.split, label=job.label,

@@ -14,7 +14,6 @@ from harness import dist
 if TYPE_CHECKING:
     from harness.callbacks import RunContext
     from harness.policy import Policy
-    from harness.stages.resume import ResumePoint
 
 log = logging.getLogger("harness")
 
@@ -22,7 +21,7 @@ log = logging.getLogger("harness")
 def eval_policy(plan, run_dir: Path, data, policy: Policy, *, label: str, policy_ref: str, weights) -> dict:
     """Greedy eval of the live model on the plan's held-out split: eval/<split>[-label].json."""
     from harness.eval.greedy import write_eval
-    from harness.policy import weights_digest
+    from harness.accounting.weights import weights_digest
 
     res, preds = score_policy(plan, data, policy, label=label, policy_ref=policy_ref, policy_sha256=weights_digest(weights))
     write_eval(run_dir, res, preds)
@@ -53,18 +52,25 @@ def plan_rewards(plan):
     if _REWARDS[0] is not plan:  # one slot: a sweep's next job in this process replaces the previous one's
         # a reward file edited between the plan (whose run name carries its code digest) and now, e.g. while a
         # SLURM job waited in the queue, would train other code under this run's name: refused, naming the file
-        check_sources(plan.config["reward"], plan.identity.get("reward"), plan.run_dir)
-        # the reward config as the plan serialized it: what eval artifacts record and compare
-        _REWARDS[:] = [plan, Rewards(plan.config["reward"], data_source=plan.cfg.data.name)]
+        check_sources(reward_json(plan), plan.identity.get("reward"), plan.run_dir)
+        _REWARDS[:] = [plan, Rewards(reward_json(plan), data_source=plan.cfg.data.name)]
     return _REWARDS[1]
 
 
 _REWARDS: list = [None, None]  # [the plan, its loaded Rewards]
 
 
+def reward_json(plan) -> dict:
+    """The plan's reward config serialized, as the plan JSON has it (`to_jsonable` inverts the typed config): what
+    the reward functions load from (as from a run manifest, harness.eval.cli) and what eval artifacts record."""
+    from harness.identity import to_jsonable
+
+    return to_jsonable(plan.cfg.reward)
+
+
 def periodic_eval(plan, run_dir: Path, data, policy: Policy, ctx: RunContext):
     """train.eval_steps: the PeriodicEvalCallback of this run (its sink logger is set once the trainer exists)."""
-    from harness.callbacks import PeriodicEvalCallback
+    from harness.eval.periodic import PeriodicEvalCallback
     from harness.eval.greedy import write_eval
 
     def evaluate(step: int):
@@ -80,17 +86,18 @@ def eval_settings(plan, data, policy_sha256: str | None) -> dict:
     recognize it (harness.eval.REUSE_KEYS; `python -m harness.eval` reads policy_sha256 and max_items)."""
     from harness.reward_identity import source_digests
 
-    reward = plan.config["reward"]  # serialized: the artifact records it as the plan JSON has it
+    reward = reward_json(plan)
     return {"policy_sha256": policy_sha256, "max_items": plan.cfg.data.eval_max_items,
             "data_sha256": data.content_sha256, "reward": dict(reward),
             # the reward files as they are now (an SFT warm start's eval too: its identity leaves the reward out)
             "reward_sources": source_digests(reward)}
 
 
-def eval_before(plan, run_dir: Path, data, policy: Policy, resume: ResumePoint) -> dict:
-    """RL arms, fresh runs: the init policy on rank 0 (the other ranks hold the same weights; they wait).
-    An SFT warm start's own final eval is reused when it evaluated these weights with these settings."""
-    if not plan.kind.evaluates_init(plan.cfg) or resume.checkpoint is not None:
+def eval_before(plan, run_dir: Path, data, policy: Policy, *, resumed: bool) -> dict:
+    """RL arms, fresh runs (not `resumed` from a checkpoint): the init policy on rank 0 (the other ranks hold the
+    same weights; they wait). An SFT warm start's own final eval is reused when it evaluated these weights with
+    these settings."""
+    if not plan.kind.evaluates_init(plan.cfg) or resumed:
         return {}
     out = {}
     if dist.is_main():
@@ -112,7 +119,7 @@ def reuse_parent_eval(plan, run_dir: Path, data, policy: Policy) -> dict | None:
     import json
 
     from harness.eval import artifact_path, decoding, reuse_mismatches
-    from harness.policy import weights_digest
+    from harness.accounting.weights import weights_digest
     from harness.rundir import atomic_write_bytes, atomic_write_json, now
 
     if policy.init.get("kind") != "sft":

@@ -381,10 +381,10 @@ MEMO_MIN_BYTES = 1 << 24  # files of 16 MB and more are memoized
 
 
 def _digest_memo() -> Path | None:
-    from harness.config.compose_cache import cache_dir
+    from harness.usercache import user_cache_dir
 
-    root = cache_dir()
-    return root.parent / "digests" if root is not None else None
+    root = user_cache_dir()
+    return root / "digests" if root is not None else None
 
 
 def file_sha256(path: Path) -> tuple[str, str]:

@@ -19,7 +19,7 @@ import numpy as np
 from harness.report.compare import Condition, Group, kind
 from harness.report.efficiency import auc, common_range, default_threshold, fit_scalerl, tokens_to
 from harness.report.itemstats import hierarchical_bootstrap, item_differences
-from harness.report.metrics import RELATIONS
+from harness.metrics import RELATIONS
 from harness.report.power import needed
 from harness.report.robust import probability_of_improvement, stratified_iqm
 from harness.report.runs import Run, read_items

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from arms import registry
 from harness.config.schema import BUILTIN_REWARD
 from harness.identity import OMIT_AT_DEFAULT
-from harness.report.metrics import EVAL_METRICS, PAIRED_METRICS, TRAIN_METRICS
+from harness.metrics import EVAL_METRICS, PAIRED_METRICS, TRAIN_METRICS
 from harness.report.runs import PATH_KEYS, Run, budget_kind
 from harness.report.stats import mean_ci, paired_bootstrap
 

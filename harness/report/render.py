@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from harness.report.mdtable import table as _table
-from harness.report.metrics import EVAL_METRICS, METRIC_TITLES, TRAIN_METRICS
+from harness.metrics import EVAL_METRICS, METRIC_TITLES, TRAIN_METRICS
 from harness.report.render_stats import efficiency_section, item_cell, item_text, power_lines, robust_section
 from harness.report.stats import EXACT_MAX, MC_RESAMPLES, MC_SEED
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from harness.report.efficiency import B_MAX, B_MIN, FIT_RESAMPLES, FIT_SEED, MIN_POINTS
 from harness.report.itemstats import HB_RESAMPLES, HB_SEED
 from harness.report.mdtable import table as _table
-from harness.report.metrics import METRIC_TITLES
+from harness.metrics import METRIC_TITLES
 from harness.report.power import ALPHA, POWER
 from harness.report.robust import ROBUST_RESAMPLES, ROBUST_SEED
 

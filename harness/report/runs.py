@@ -22,7 +22,7 @@ from typing import Any
 from harness.accounting.logs import METRICS_PATH
 from harness.eval import artifact_path, periodic_evals
 from harness.identity import at_old_default
-from harness.report.metrics import RELATIONS
+from harness.metrics import RELATIONS
 from harness.rundir import completion_kind
 
 MANIFEST = "run_manifest.json"

@@ -17,6 +17,7 @@ from harness.faults import point
 from harness.models import imagecache
 from harness.policy import save_final_policy
 from harness.rundir import COMPLETION, RunDir, atomic_write_json, now, read_json
+from harness.stages.kind import kind_run
 from harness.stages.train import Trained
 
 log = logging.getLogger("harness")
@@ -88,8 +89,8 @@ def write_completion(plan, run, *, ctx, trainer, train_out, evals: dict, wall_s:
         "completed_at": now(),
     }
     out["world_size"] = len(ranks)
-    out.update(plan.kind.completion_fields(plan, run.path, ctx, trainer, ranks))  # the budget, checked per rank
-    out.update(plan.kind.learning_signal(plan, run.path, len(ranks), out["eval_before"]))  # harness.learning
+    out.update(kind_run(plan.kind).completion_fields(plan, run.path, ctx, trainer, ranks))  # the budget, checked per rank
+    out.update(kind_run(plan.kind).learning_signal(plan, run.path, len(ranks), out["eval_before"]))  # harness.learning
     publish_policy(plan, run, out)
     clock.lap("finalize")
     out["phases_s"] = clock.as_dict()
@@ -111,7 +112,7 @@ def publish_policy(plan, run, out: dict) -> None:
     """The card proper into final_policy/ (from what completion.json will say), then the push when asked for:
     both before completion.json, so a failed push leaves the run unfinished and the same command retries it."""
     from harness.card import publish_card
-    from harness.policy import weights_digest
+    from harness.accounting.weights import weights_digest
 
     fp = run.path / "final_policy"
     point(f"{plan.kind}.model_card")  # tests only (harness.faults): the final eval done, the card still provisional

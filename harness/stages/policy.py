@@ -4,11 +4,15 @@ scratch, or a path), tuning (LoRA or full) and the device; bound to the run's re
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from harness import dist
 from harness.errors import FieldDiff, ResumeMismatchError
 from harness.policy import (Policy, apply_tuning, build_base, device_of, eos_token_ids, load_policy_model,
-                            load_policy_processor, model_fields)
+                            load_policy_processor)
+
+if TYPE_CHECKING:
+    from harness.config.schema import ModelConfig
 
 
 def init_of(plan, base_path: str) -> dict:
@@ -23,16 +27,15 @@ def init_of(plan, base_path: str) -> dict:
     return {"kind": "path", "path": init}
 
 
-def fast_vision(model, processor, m: dict) -> None:
+def fast_vision(model, processor, m: ModelConfig) -> None:
     """model.dedupe_rows (the tiny models' processor), model.share_vision_features and model.rope_cache (a loaded
     Qwen2-VL / Qwen2.5-VL) from harness.models.fastvision; other models and processors as they are."""
-    if not m.get("is_vlm"):
+    if not m.is_vlm:
         return
     from harness.models import fastvision
 
-    fastvision.install(model, share_vision_features=m.get("share_vision_features", False),
-                       rope_cache=m.get("rope_cache", False))
-    fastvision.dedupe_rows(processor, bool(m.get("dedupe_rows", False)))
+    fastvision.install(model, share_vision_features=m.share_vision_features, rope_cache=m.rope_cache)
+    fastvision.dedupe_rows(processor, m.dedupe_rows)
 
 
 def build(plan, recorded: dict, corpus: list[str], run_dir: str, preflight=None) -> Policy:
@@ -56,7 +59,7 @@ def build(plan, recorded: dict, corpus: list[str], run_dir: str, preflight=None)
         preflight(processor, context_length(base_path))
     model = load_policy_model(init["path"], base_path=base_path, model_cfg=m)
     imagecache.install(processor, m.image_cache_mb)
-    fast_vision(model, processor, model_fields(m))
+    fast_vision(model, processor, m)
     model = apply_tuning(model, plan)
     model.to(device_of(plan))
     return Policy(model, processor, base_path, base_ident, init, never_sampled(model, processor),

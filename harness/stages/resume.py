@@ -204,7 +204,7 @@ def find(plan, run_dir: Path, ahead: CheckAhead | None = None) -> ResumePoint:
         _check_nothing_damaged(run_dir, skipped)
     manifest = read_json(chosen / ckpt.CHECKPOINT_MANIFEST) if chosen else {}
     _check_ranks(chosen, manifest, run_dir)
-    _check_explicit(plan.config.get("resume_from"), chosen)
+    _check_explicit(plan.cfg.resume_from, chosen)
     if chosen is not None:
         later = "; the digests of its files are checked as it loads" if unchecked else ""
         log.info("resuming from %s (newest complete checkpoint%s)", chosen.name, later)

@@ -25,6 +25,7 @@ from harness.eval.during import eval_before, periodic_eval
 from harness.halt import Halt, Halted
 from harness.loggers import close_loggers, open_run_loggers
 from harness.policy import Policy, device_of
+from harness.stages.kind import kind_run
 from harness.stages.resume import (ResumePoint, load_final_weights, load_full_weights_strictly, needs_strict_load,
                                    stock_resume)
 
@@ -47,7 +48,7 @@ def open_logs(plan, run_dir: Path, resume: ResumePoint) -> RunContext:
     opened = lambda key, rel: AppendLog(run_dir, rel, Frontier.from_json(fr[key]) if key in fr else None)  # noqa: E731
     ctx.metrics = opened("metrics", METRICS_PATH) if dist.is_main() else None
     ctx.nonfinite_steps = (resume.manifest.get("totals") or {}).get("nonfinite_steps", 0)
-    plan.kind.open_logs(ctx, resume, opened)  # RL: ledger and trace at the frontier, the token counters
+    kind_run(plan.kind).open_logs(ctx, resume, opened)  # RL: ledger and trace at the frontier, the token counters
     return ctx
 
 
@@ -57,10 +58,10 @@ def build(plan, run_dir: Path, data, policy: Policy, ctx: RunContext, resume: Re
     stop request (harness.halt), read after every step; `dumps`: the stack dumps whose watchdog every step re-arms."""
     from transformers.trainer_callback import ProgressCallback
 
-    from harness.smoke import install_kill_switch
+    from harness.faults import install_kill_switch
 
     cfg = plan.cfg
-    dataset, reward = plan.kind.trainset(plan, data, policy, ctx)  # RL: prompts, and the ledger's reward function
+    dataset, reward = kind_run(plan.kind).trainset(plan, data, policy, ctx)  # RL: prompts, and the ledger's reward function
     checkpoints = CheckpointCallback(ctx, keep_last=cfg.train.keep_last)
     periodic = periodic_eval(plan, run_dir, data, policy, ctx) if cfg.train.eval_steps else None
     callbacks = [BudgetCallback(ctx), HaltCallback(ctx, halt or Halt(), cfg.budget.stop_after_steps),
@@ -81,7 +82,7 @@ def build(plan, run_dir: Path, data, policy: Policy, ctx: RunContext, resume: Re
         periodic.file_digest = lambda path: checkpoints.recorder.file_digest(path)  # as publish records it, once
     if resume.checkpoint is not None and hasattr(trainer, "restore_checkpoint_totals"):
         trainer.restore_checkpoint_totals(resume.totals(ctx.rank))
-    plan.kind.built(trainer, ctx)  # SFT: the loss tokens its trainer planned
+    kind_run(plan.kind).built(trainer, ctx)  # SFT: the loss tokens its trainer planned
     trainer.remove_callback(ProgressCallback)
     if sys.stderr.isatty():  # a bar for a terminal; in a log file its frames would glue onto the step lines
         trainer.add_callback(QuietProgressCallback(ctx))
@@ -106,7 +107,7 @@ def train(plan, run_dir: Path, data, policy: Policy, resume: ResumePoint, clock,
 def _train(plan, run_dir: Path, data, policy: Policy, resume: ResumePoint, clock, dumps) -> Trained:
     already_paused(plan, resume)
     ctx = open_logs(plan, run_dir, resume)
-    evals = eval_before(plan, run_dir, data, policy, resume)
+    evals = eval_before(plan, run_dir, data, policy, resumed=resume.checkpoint is not None)
     clock.lap("eval_before")
     env_before = open_run_loggers(plan, run_dir)  # W&B / trackio (rank 0), restored by close_loggers
     halt = Halt()

@@ -185,7 +185,7 @@ def check_periodic_evals(run_dir: Path, m: dict) -> list[str]:
     """train.eval_steps: each periodic eval artifact (eval/<split>-checkpoint-N.json with a `step`) scored the
     weights of its kept checkpoint-N (same digest), and its accuracy is the one metrics.jsonl holds at step N. Only
     for a completed run: an unfinished one may hold an eval of a step whose checkpoint the next start redoes."""
-    from harness.policy import weights_digest
+    from harness.accounting.weights import weights_digest
 
     if m.get("status") != "completed" or not (run_dir / "eval").is_dir():
         return []

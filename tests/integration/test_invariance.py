@@ -373,7 +373,7 @@ def test_periodic_eval_changes_nothing_and_binds_to_kept_checkpoints(out, arm):
     removed after it is read."""
     import shutil
 
-    from harness.policy import weights_digest
+    from harness.accounting.weights import weights_digest
     from harness.verify import verify
 
     seen = {}

@@ -107,7 +107,7 @@ def test_a_teacher_named_by_its_arm_is_run_first_and_is_the_run_a_sweep_over_arm
     same command line, then the student, whose identity (manifest, every checkpoint) names that run's final policy
     by digest. A sweep `-m arm=grpo,opd` afterwards finds both complete: the same grpo run, no second one."""
     from harness.accounting.checkpoint import CHECKPOINT_MANIFEST
-    from harness.policy import weights_digest
+    from harness.accounting.weights import weights_digest
 
     out = tmp_path / "out"
     proc = run_harness("arm=opd", "debug=tiny", f"output_root={out}", timeout=900)

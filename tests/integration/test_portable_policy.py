@@ -122,7 +122,7 @@ def test_full_policy_loads_and_sees_the_image_without_the_harness(full_run, tmp_
 
 
 def test_model_card_says_what_the_run_was(full_run):
-    from harness.policy import weights_digest
+    from harness.accounting.weights import weights_digest
 
     fp = full_run / "final_policy"
     card = (fp / "README.md").read_text()

@@ -19,7 +19,7 @@ import pytest
 
 from harness.accounting.logs import read_rows
 from harness.rundir import read_json
-from harness.smoke import KILL_RUN_ENV, KILL_STEP_ENV
+from harness.faults import KILL_RUN_ENV, KILL_STEP_ENV
 from harness.verify import verify
 from tests.conftest import logged_values, run_harness
 

@@ -17,7 +17,7 @@ import pytest
 
 from harness.accounting.logs import read_rows
 from harness.accounting.checkpoint import complete_checkpoints, step_of
-from harness.smoke import KILL_RUN_ENV, KILL_STEP_ENV
+from harness.faults import KILL_RUN_ENV, KILL_STEP_ENV
 from harness.verify import verify
 from tests.conftest import REPO, logged_values, run_harness
 

@@ -118,7 +118,7 @@ def test_joblib_jobs_share_the_warm_start_and_a_crash_mid_training_spares_the_ot
     training (end of step 3, after checkpoint 2). The papo job completes, the sweep records the crash (exit 1, the
     exception named, the run left `failed`, consistent for verify), and the same command again resumes the crashed
     run from its checkpoint and leaves the completed one alone: nothing accepted is lost."""
-    from harness.smoke import KILL_HOW_ENV, KILL_RUN_ENV, KILL_STEP_ENV
+    from harness.faults import KILL_HOW_ENV, KILL_RUN_ENV, KILL_STEP_ENV
 
     args = ["-m", "arm=grpo,papo", "seed=0", "debug=tiny", "train.eval_after=false", "hydra/launcher=joblib",
             "hydra.launcher.n_jobs=2", f"output_root={tmp_path}"]

@@ -218,7 +218,7 @@ def test_eval_cli_refuses_bad_input_before_importing_torch(grpo_run):
 
 
 def test_eval_cli_on_a_checkpoint_writes_a_derived_artifact_only(grpo_run):
-    from harness.policy import weights_digest
+    from harness.accounting.weights import weights_digest
 
     _, run, _ = grpo_run
     ckpt = complete_checkpoints(run)[0]

@@ -30,7 +30,7 @@ def test_kept_and_permanent_checkpoints_survive_retention_and_do_not_count_again
 def test_the_digest_of_unpublished_weights_is_the_published_one(tmp_path):
     """A periodic eval digests its checkpoint's weights before the manifest exists; verify compares it with the
     manifest's digest afterwards: the two must agree (and leave the optimizer out)."""
-    from harness.policy import weights_digest, weights_digest_of_files
+    from harness.accounting.weights import weights_digest, weights_digest_of_files
 
     d = tmp_path / "checkpoint-2"
     d.mkdir()
@@ -117,7 +117,7 @@ def test_the_rng_is_where_it_was_after_a_periodic_eval():
     import numpy as np
     import torch
 
-    from harness.callbacks import preserved_rng
+    from harness.eval.periodic import preserved_rng
 
     torch.manual_seed(0), random.seed(0), np.random.seed(0)
     want = (torch.rand(3), random.random(), np.random.rand())

@@ -84,6 +84,19 @@ def test_every_option_composes_and_plans(plan_of, tmp_path, group, option):
         assert plan.teacher is not None and plan.teacher.config["arm"]["name"] == "grpo"
 
 
+def test_an_arms_kind_is_one_object_the_plan_carries_as_is():
+    """ArmSpec takes the kind by name and keeps harness.kinds' object (one KINDS): the plan's kind is the very object,
+    and a kind that does not exist is refused with the arm's name and the kinds there are."""
+    from arms.common import ArmSpec
+    from harness import kinds
+
+    for spec in registry().values():
+        assert isinstance(spec.kind, kinds.Kind) and type(spec.kind) is kinds.KINDS[spec.kind]
+    assert registry()["grpo"].kind.samples and not registry()["sft"].kind.samples
+    with pytest.raises(ValueError, match=r"arm odd: unknown arm kind 'distill': one of \['rl', 'sft'\]"):
+        ArmSpec("odd", kind="distill", config=object, summary="")
+
+
 def test_arm_registry_conf_and_schemas_share_names():
     assert set(registry()) == {y.stem for y in (CONF / "arm").glob("*.yaml")} == set(SCHEMAS["arm"])
 

@@ -48,7 +48,7 @@ def test_without_a_bar_lines_are_plain():
 def test_seconds_per_step_count_this_processes_training_steps_only(monkeypatch):
     """A resumed run's first step here is step 6: 3 steps in 0.3 s is 0.1 s/step, whatever came before (the data,
     the model build, the eval before, the five steps of an earlier process)."""
-    plan = SimpleNamespace(rl=False, kind=kinds.of("sft"), budget={"loss_token_ceiling": 1000})
+    plan = SimpleNamespace(kind=kinds.of("sft"), budget={"loss_token_ceiling": 1000})
     ctx = RunContext(plan=plan, run_dir=None, rank=0, world=1)
     cb = MetricsCallback(ctx, console=False)
     cb.on_step_begin(None, SimpleNamespace(global_step=5), None)

@@ -4,7 +4,9 @@ and no file over ~500 lines (outside the listed exceptions), and the parent plan
 from __future__ import annotations
 
 import ast
+import fnmatch
 import json
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -92,6 +94,75 @@ def test_the_graph_sees_lazy_imports():
     g = import_graph()
     assert "harness.config.compose" in g["harness.plan"]  # imported inside sft_parent
     assert "arms.common" in g["arms"] and "harness.config.fields" in g["arms.grpo.config"]
+
+
+#: The layers of harness/ and arms/, bottom first: a module imports only from its own layer and the ones below
+#: (lazy imports count). docs/architecture.md, section "Layers", names them in this order. Each module's layer is
+#: that of the first rule whose pattern (fnmatch: `*` crosses dots) matches its name.
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("base", ("harness", "harness.errors", "harness.identity", "harness.log", "harness.entry", "harness.faults",
+              "harness.halt", "harness.dist", "harness.diagnostics", "harness.slurm", "harness.trackers",
+              "harness.hub", "harness.rundir", "harness.usercache", "harness.metrics")),
+    ("domain", ("harness.answers", "harness.rewards", "harness.reward_*", "harness.rounds", "harness.trainsets",
+                "harness.data", "harness.data.*", "harness.models", "harness.models.*", "harness.accounting",
+                "harness.accounting.*")),
+    ("config", ("harness.config", "harness.config.*", "harness.kinds", "arms", "arms.common", "arms.*.config",
+                "arms.grpo", "arms.papo", "arms.evi_po", "arms.sft", "arms.opd")),
+    ("plan", ("harness.plan", "harness.rollout")),
+    ("artifacts", ("harness.policy", "harness.portable", "harness.card", "harness.eval")),
+    ("training hooks", ("harness.callbacks", "harness.checkpoint_callback", "harness.audit", "harness.learning",
+                        "harness.loggers")),
+    ("eval", ("harness.eval.greedy", "harness.eval.during", "harness.eval.periodic", "harness.eval.abstention")),
+    ("run", ("harness.stages", "harness.stages.*", "harness.lifecycle", "arms.*.trainer", "arms.*.terms",
+             "arms.trl_hooks")),
+    ("tools", ("harness.verify", "harness.verify.*", "harness.report", "harness.report.*", "harness.port",
+               "harness.port.*", "harness.export", "harness.eval.cli", "harness.eval.__main__", "harness.smoke")),
+    ("entry", ("harness.cli", "harness.__main__", "harness.launch", "harness.sweep", "harness.slurm_launcher")),
+]
+#: (importer, imported) -> why this import points up. At most 2 entries, each a decision with its reason.
+UPWARD_ALLOWED: dict[tuple[str, str], str] = {}
+
+
+def layer_of(module: str) -> int | None:
+    """The index in LAYERS of the first layer with a pattern matching `module`, or None."""
+    for i, (_, patterns) in enumerate(LAYERS):
+        if any(fnmatch.fnmatchcase(module, p) for p in patterns):
+            return i
+    return None
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Every import of a module from a layer above its own, as 'a (layer) -> b (layer)'."""
+    out = []
+    for a, targets in sorted(graph.items()):
+        for b in sorted(targets):
+            la, lb = layer_of(a), layer_of(b)
+            if la is not None and lb is not None and lb > la and (a, b) not in UPWARD_ALLOWED:
+                out.append(f"{a} ({LAYERS[la][0]}) -> {b} ({LAYERS[lb][0]})")
+    return out
+
+
+def test_every_module_has_a_layer():
+    assert not [m for m in modules() if layer_of(m) is None], "add the module to a layer of LAYERS (and the docs)"
+
+
+def test_imports_point_down_the_layers():
+    assert len(UPWARD_ALLOWED) <= 2
+    assert not upward_imports(import_graph())
+
+
+def test_an_import_up_the_layers_is_found():
+    graph = {"harness.plan": {"harness.policy", "harness.kinds"}, "harness.kinds": {"harness.rounds"}}
+    assert upward_imports(graph) == ["harness.plan (plan) -> harness.policy (artifacts)"]
+    assert layer_of("arms.grpo.trainer") == layer_of("harness.lifecycle")
+    assert layer_of("arms.grpo.config") == layer_of("harness.kinds") and layer_of("arms.grpo") == layer_of("arms")
+
+
+def test_the_architecture_doc_names_the_layers_in_order():
+    doc = (REPO / "docs" / "architecture.md").read_text()
+    section = doc.split("\n## Layers\n", 1)[1].split("\n## ", 1)[0]
+    named = re.findall(r"^\| *\d+ *\| *([a-z ]+?) *\|", section, flags=re.M)
+    assert named == [name for name, _ in LAYERS]
 
 
 def test_no_long_functions_or_files():

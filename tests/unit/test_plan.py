@@ -289,7 +289,7 @@ def test_a_plan_and_its_parent_survive_the_driver_plan_file(tmp_path):
 
     plan = compose_plan([f"output_root={tmp_path}", "arm=papo", "seed=2"])
     again = Plan.from_json(json.loads(json.dumps(plan.to_json())))
-    assert again == plan and again.parent == plan.parent and again.parent.kind == "sft" and again.rl
+    assert again == plan and again.parent == plan.parent and again.parent.kind == "sft" and again.kind.samples
 
 
 def test_periodic_eval_is_refused_where_rank_0_cannot_generate_alone(plan_of):

@@ -8,7 +8,9 @@ import json
 from pathlib import Path
 
 from harness.card import provisional_card, render_card
-from harness.policy import weights_digest
+from harness.accounting.weights import weights_digest
+from harness.config.schema import ModelConfig, TrainConfig
+from harness.config.typed import from_json
 from harness.portable import PROCESSOR_CODE, PROCESSOR_SOURCE, make_portable
 from tests.conftest import REPO
 
@@ -52,9 +54,18 @@ TINY = {"source": "tiny", "hub_id": None}
 NO_PUSH = {"push_to_hub": False, "hub_model_id": None}
 
 
+def _model(d: dict) -> ModelConfig:
+    """A model config as a run manifest's dict reads back: through the typed schema (the rest: its defaults)."""
+    return from_json(ModelConfig, d)
+
+
+def _train(d: dict) -> TrainConfig:
+    return from_json(TrainConfig, d)
+
+
 def test_the_tiny_processor_ships_its_code_with_an_auto_map(tmp_path):
     fp = _folder(tmp_path)
-    got = make_portable(fp, model_cfg=TINY, train_cfg=NO_PUSH, base_path=str(tmp_path))
+    got = make_portable(fp, model_cfg=_model(TINY), train_cfg=_train(NO_PUSH), base_path=str(tmp_path))
     assert got == {"processor_code": PROCESSOR_CODE, "base_files": []}
     assert json.loads((fp / "processor_config.json").read_text())["auto_map"] == {
         "AutoProcessor": "processing_harness_vl.HarnessVLProcessor"}
@@ -64,21 +75,21 @@ def test_the_tiny_processor_ships_its_code_with_an_auto_map(tmp_path):
 def test_a_stock_processor_and_a_tokenizer_are_left_alone(tmp_path):
     stock, tok = _folder(tmp_path, "Qwen2VLProcessor", run="a"), _folder(tmp_path, None, run="b")
     for fp in (stock, tok):
-        assert make_portable(fp, model_cfg=TINY, train_cfg=NO_PUSH, base_path="x")["processor_code"] is None
+        assert make_portable(fp, model_cfg=_model(TINY), train_cfg=_train(NO_PUSH), base_path="x")["processor_code"] is None
         assert not (fp / PROCESSOR_CODE).exists()
     assert json.loads((stock / "processor_config.json").read_text()) == {"processor_class": "Qwen2VLProcessor"}
 
 
 def test_a_tiny_adapter_stores_its_base_and_names_this_folder(tmp_path):
     fp, base = _folder(tmp_path, adapter=True), _base(tmp_path)
-    got = make_portable(fp, model_cfg=TINY, train_cfg=NO_PUSH, base_path=str(base))
+    got = make_portable(fp, model_cfg=_model(TINY), train_cfg=_train(NO_PUSH), base_path=str(base))
     assert got["base_files"] == ["config.json", "generation_config.json", "model.safetensors"]
     assert all((fp / n).read_bytes() == (base / n).read_bytes() for n in got["base_files"])
     assert not (fp / "tokenizer.json").exists()  # the processor files are the policy's own
     cfg = json.loads((fp / "adapter_config.json").read_text())
     assert cfg == {"base_model_name_or_path": ".", "r": 16}
     pushed = _folder(tmp_path, adapter=True, run="pushed")
-    make_portable(pushed, model_cfg=TINY, train_cfg={"push_to_hub": True, "hub_model_id": "me/tiny"},
+    make_portable(pushed, model_cfg=_model(TINY), train_cfg=_train({"push_to_hub": True, "hub_model_id": "me/tiny"}),
                   base_path=str(base))
     assert json.loads((pushed / "adapter_config.json").read_text())["base_model_name_or_path"] == "me/tiny"
 
@@ -86,12 +97,12 @@ def test_a_tiny_adapter_stores_its_base_and_names_this_folder(tmp_path):
 def test_a_real_adapter_names_the_hub_model_not_the_cache_path(tmp_path):
     fp = _folder(tmp_path, "Qwen2VLProcessor", adapter=True)
     real = {"source": "pretrained", "hub_id": "Qwen/Qwen2-VL-2B-Instruct"}
-    got = make_portable(fp, model_cfg=real, train_cfg=NO_PUSH, base_path="/hf/snapshots/abc")
+    got = make_portable(fp, model_cfg=_model(real), train_cfg=_train(NO_PUSH), base_path="/hf/snapshots/abc")
     assert got["base_files"] == [] and got["adapter_base"]["portable"]
     assert json.loads((fp / "adapter_config.json").read_text())["base_model_name_or_path"] == real["hub_id"]
     assert not (fp / "model.safetensors").exists()
-    local = make_portable(_folder(tmp_path, adapter=True, run="local"), model_cfg={"source": "pretrained", "hub_id": None},
-                          train_cfg=NO_PUSH, base_path="/ckpt")
+    local = make_portable(_folder(tmp_path, adapter=True, run="local"), model_cfg=_model({"source": "pretrained", "hub_id": None}),
+                          train_cfg=_train(NO_PUSH), base_path="/ckpt")
     assert not local["adapter_base"]["portable"] and "model.hub_id" in local["adapter_base"]["note"]
 
 

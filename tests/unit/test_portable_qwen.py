@@ -11,10 +11,21 @@ from pathlib import Path
 
 import pytest
 
+from harness.config.schema import ModelConfig, TrainConfig
+from harness.config.typed import from_json
 from harness.portable import IMAGE_ONLY, PROCESSOR_CODE, PROCESSOR_SOURCE, STOCK_PROCESSOR, make_portable
 
 FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 NO_PUSH = {"push_to_hub": False, "hub_model_id": None}
+
+
+def _model(d: dict) -> ModelConfig:
+    """A model config as a run manifest's dict reads back: through the typed schema (the rest: its defaults)."""
+    return from_json(ModelConfig, d)
+
+
+def _train(d: dict) -> TrainConfig:
+    return from_json(TrainConfig, d)
 
 
 def _policy_folder(tmp: Path, snap: Path) -> Path:
@@ -43,7 +54,7 @@ def test_a_qwen_vl_policy_ships_the_image_only_form_of_its_processor(hub_snapsho
     snap = hub_snapshot(family)
     fp = _policy_folder(tmp_path, snap)
     model = {"source": "pretrained", "is_vlm": True, "hub_id": "Qwen/Qwen2.5-VL-3B-Instruct", "path": str(snap)}
-    got = make_portable(fp, model_cfg=model, train_cfg=NO_PUSH, base_path=str(snap))
+    got = make_portable(fp, model_cfg=_model(model), train_cfg=_train(NO_PUSH), base_path=str(snap))
     stock = STOCK_PROCESSOR[family]
     assert got["processor_code"] == PROCESSOR_CODE
     assert (fp / PROCESSOR_CODE).read_bytes() == PROCESSOR_SOURCE.read_bytes()
@@ -105,8 +116,8 @@ def test_a_text_only_checkpoint_ships_no_processor_code(tmp_path):
     (base / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 32768}))
     fp = tmp_path / "final_policy"
     fp.mkdir()
-    got = make_portable(fp, model_cfg={"source": "pretrained", "is_vlm": False, "hub_id": None, "path": str(base)},
-                        train_cfg=NO_PUSH, base_path=str(base))
+    got = make_portable(fp, model_cfg=_model({"source": "pretrained", "is_vlm": False, "hub_id": None, "path": str(base)}),
+                        train_cfg=_train(NO_PUSH), base_path=str(base))
     assert got["processor_code"] is None and got["processor_files"] == ["tokenizer_config.json"]
     assert not (fp / PROCESSOR_CODE).exists() and not (fp / "processor_config.json").exists()
 
@@ -115,8 +126,8 @@ def test_a_checkpoints_own_processor_config_keeps_its_content(hub_snapshot, tmp_
     snap = shutil.copytree(hub_snapshot(), tmp_path / "ckpt")
     (snap / "processor_config.json").write_text(json.dumps({"processor_class": "Qwen2_5_VLProcessor", "x": 1}))
     fp = _policy_folder(tmp_path, snap)
-    make_portable(fp, model_cfg={"source": "pretrained", "is_vlm": True, "hub_id": None, "path": str(snap)},
-                  train_cfg=NO_PUSH, base_path=str(snap))
+    make_portable(fp, model_cfg=_model({"source": "pretrained", "is_vlm": True, "hub_id": None, "path": str(snap)}),
+                  train_cfg=_train(NO_PUSH), base_path=str(snap))
     assert json.loads((fp / "processor_config.json").read_text()) == {
         "processor_class": "Qwen2_5_VLProcessor", "x": 1,
         "auto_map": {"AutoProcessor": "processing_harness_vl.Qwen2_5_VLImageOnlyProcessor"}}
@@ -153,7 +164,7 @@ def test_a_model_path_runs_card_and_adapter_name_the_path_not_the_hub_id(plan_of
     assert f"| model | `{snap.name}`, the local checkpoint `{snap}` (model.path)" in card
     assert "AutoProcessor.from_pretrained(path, trust_remote_code=True)" in card
     fp = _policy_folder(tmp_path, Path("/cache/elsewhere"))
-    got = make_portable(fp, model_cfg=plan.config["model"], train_cfg=NO_PUSH, base_path=plan.checkpoint_dir)
+    got = make_portable(fp, model_cfg=plan.cfg.model, train_cfg=_train(NO_PUSH), base_path=plan.checkpoint_dir)
     assert json.loads((fp / "adapter_config.json").read_text())["base_model_name_or_path"] == str(snap)
     assert got["adapter_base"]["base_model_name_or_path"] == str(snap) and not got["adapter_base"]["portable"]
 
@@ -171,6 +182,6 @@ def test_a_hub_id_runs_card_and_adapter_name_the_hub_model(plan_of, hub_snapshot
     assert f"base_model: {HUB_ID}\n" in _front(card)
     assert f"| model | `{HUB_ID}`, from the Hugging Face cache (model.hub_id, revision `rev0`)" in card
     fp = _policy_folder(tmp_path, Path("/cache/elsewhere"))
-    got = make_portable(fp, model_cfg=plan.config["model"], train_cfg=NO_PUSH, base_path=plan.checkpoint_dir)
+    got = make_portable(fp, model_cfg=plan.cfg.model, train_cfg=_train(NO_PUSH), base_path=plan.checkpoint_dir)
     assert json.loads((fp / "adapter_config.json").read_text())["base_model_name_or_path"] == HUB_ID
     assert got["adapter_base"]["portable"]

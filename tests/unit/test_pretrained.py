@@ -316,7 +316,7 @@ def _preflight_plan(kind: str, **arm):
         "arm": {"max_completion_length": 16, "max_length": 256, **arm}, "train": {"eval_max_new_tokens": 16},
         "model": {"min_pixels": None, "max_pixels": None, "is_vlm": True}, "output_root": "/nonexistent",
         "data": {"train_split": "train", "eval_split": "test", "eval_max_items": None}}
-    return SimpleNamespace(rl=kind == "rl", kind=kinds.of(kind), config=config, cfg=_AttrView(config))
+    return SimpleNamespace(kind=kinds.of(kind), config=config, cfg=_AttrView(config))
 
 
 class _AttrView:
@@ -400,7 +400,11 @@ def test_a_pretrained_runs_policy_takes_the_checkpoints_own_processor_files(hub_
                  "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"):
         shutil.copy(snap / name, ckpt / name)
     (ckpt / "tokenizer_config.json").write_text("not json")  # what the dir holds is never read
-    model_cfg = {"source": "pretrained", "dtype": "float32", "min_pixels": None, "max_pixels": 12544}
+    from harness.config.schema import ModelConfig
+    from harness.config.typed import from_json
+
+    model_cfg = from_json(ModelConfig, {"source": "pretrained", "dtype": "float32", "min_pixels": None,
+                                        "max_pixels": 12544})
     _, proc = load_policy(ckpt, base_path=str(snap), trainable=False, model_cfg=model_cfg)
     assert type(proc).__name__ == "Qwen2_5_VLProcessor" and proc.image_processor.size["longest_edge"] == 12544
 
@@ -443,7 +447,7 @@ def test_the_policy_stage_checks_the_prompts_before_it_loads_the_weights(hub_sna
 
     snap = str(hub_snapshot())
     model = {"source": "pretrained", "dtype": "float32", "min_pixels": None, "max_pixels": None}
-    plan = SimpleNamespace(rl=False, kind=kinds.of("sft"), config={"arm": {"init": "scratch"}, "model": model},
+    plan = SimpleNamespace(kind=kinds.of("sft"), config={"arm": {"init": "scratch"}, "model": model},
                            cfg=SimpleNamespace(model=from_json(ModelConfig, model)),
                            identity={"model": {"path": snap, "files_sha256": "x"}}, checkpoint_dir=snap)
     monkeypatch.setattr(policy_stage, "load_policy_model", lambda *a, **k: pytest.fail("the weights were loaded"))

@@ -10,7 +10,7 @@ import pytest
 
 from harness.report.cli import build_report, main
 from harness.report.itemstats import hierarchical_bootstrap, item_differences
-from harness.report.metrics import RELATIONS
+from harness.metrics import RELATIONS
 from harness.report.power import needed
 from tests.unit.test_report import make_run
 

@@ -109,10 +109,13 @@ def _summary_lines(caplog, comp: dict, rl: bool = True, init: str = "sft") -> st
 
     from harness import kinds
 
-    plan = SimpleNamespace(rl=rl, kind=kinds.of("rl" if rl else "sft"), run_dir="/o/runs/grpo-x", config={
-        "arm": {"name": "grpo", "init": init},
-        "budget": {"max_completion_tokens": 2048, "sft_warm_start_steps": 60, "sft_warm_start_epochs": None,
-                   "max_steps": 64}})
+    from omegaconf import OmegaConf
+
+    from harness.config.compose import compose
+
+    cfg, _ = compose(["arm=grpo" if rl else "arm=sft", *([f"arm.init={init}"] if rl else []),
+                      "budget.max_completion_tokens=2048", "budget.sft_warm_start_steps=60", "budget.max_steps=64"])
+    plan = SimpleNamespace(kind=kinds.of("rl" if rl else "sft"), run_dir="/o/runs/grpo-x", cfg=OmegaConf.to_object(cfg))
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="harness"):
         _summary(plan, comp)

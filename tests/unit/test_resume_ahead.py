@@ -20,7 +20,7 @@ from harness.stages import resume
 
 IDENTITY = {"config_sha256": "0" * 64, "semantic_sha256": "1" * 64, "data": {"sha256": "2" * 64},
             "model": {"sha256": "3" * 64}, "teacher": None, "code": {"sha256": "4" * 64}}
-PLAN = SimpleNamespace(config={})
+PLAN = SimpleNamespace(cfg=SimpleNamespace(resume_from=None))
 
 
 def _model_and_optimizer(seed: int):
@@ -163,7 +163,12 @@ def deferred(monkeypatch):
 
     monkeypatch.setenv(faults.FAULT_ENV, "rl.check_ahead:defer")
     monkeypatch.setattr(faults, "_seen", {})
-    return lambda run: resume.CheckAhead(run, fault="rl.check_ahead")
+
+    def ahead(run):
+        faults._seen.clear()  # each CheckAhead's thread is the first at the point: every one is held
+        return resume.CheckAhead(run, fault="rl.check_ahead")
+
+    return ahead
 
 
 @pytest.mark.parametrize("damage", DAMAGES)
