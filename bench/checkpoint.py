@@ -136,8 +136,8 @@ def build_policy(base: Path):
 
 
 def harness_resume(trainer, run_dir: Path, step: int, whole: bool = True) -> dict[str, float]:
-    """What a resumed harness run does with its newest checkpoint, in its order (harness/lifecycle.py _stages:
-    CheckAhead, the model stage, find; harness/stages/train.py train with tuning=full, then Trainer.train's loads
+    """What a resumed harness run does with its newest checkpoint, in its order (harness/recipe.py Run.setup:
+    CheckAhead, the model stage, find; harness/stages/train.py audit_the_resume with tuning=full, then Trainer.train's loads
     and the audit's callbacks). `whole=False`: from find on (no model build; the deep check not overlapped)."""
     from harness.audit import ResumeAuditCallback
     from harness.stages import resume

@@ -92,7 +92,7 @@ def child(phase: str, result: Path, argv: list[str], early: int, late: int, trac
             trainer.add_callback(RssProbe())
         return trainer
 
-    train_stage.build = build_with_probe  # train() looks `build` up in its module at call time
+    train_stage.build = build_with_probe  # the recipe looks `build` up in its module at call time
     t0 = time.perf_counter()
     code = execute_fresh(plan)
     out = {"code": code, "samples": samples, "seconds": time.perf_counter() - t0}

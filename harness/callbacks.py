@@ -215,7 +215,7 @@ def training_ends_here(ctx: RunContext, state, control) -> bool:
 
 
 class FirstStepCallback(TrainerCallback):
-    """The time to this process's first completed optimizer step (a start phase, harness.lifecycle.Phases)."""
+    """The time to this process's first completed optimizer step (a start phase, harness.recipe.Phases)."""
 
     def __init__(self, clock):
         self.clock, self.done = clock, False

@@ -19,8 +19,8 @@ from harness.log import log, setup_logging
 from harness.plan import compose_plan  # noqa: F401  (the Plan of a command line; tests and bench import it here)
 
 
-def run(cfg: DictConfig, choices: dict | None = None, overrides: list[str] | None = None,
-        multirun: bool = False, checked: bool = False) -> int:
+def run_config(cfg: DictConfig, choices: dict | None = None, overrides: list[str] | None = None,
+               multirun: bool = False, checked: bool = False) -> int:
     """One job: plan, then print it or execute it. Returns the process exit code. `checked`: the config came from
     harness.config.compose.compose, whose strict check already passed for these overrides."""
     from harness.config.overrides import strict_check
@@ -98,14 +98,14 @@ def _entry(cfg: DictConfig) -> float | None:
     hc = HydraConfig.get()
     overrides = list(hc.overrides.task)
     if hc.mode != RunMode.MULTIRUN:
-        code = run(cfg, dict(hc.runtime.choices), overrides)
+        code = run_config(cfg, dict(hc.runtime.choices), overrides)
         hand_over()  # a scheduler's handler of the signal that stopped the run (submitit's requeue), if any
         if code:
             raise SystemExit(code)
         return
     from harness.sweep import run_job
 
-    return run_job(cfg, hc, lambda c, choices, o: run(c, choices, o, multirun=True))
+    return run_job(cfg, hc, lambda c, choices, o: run_config(c, choices, o, multirun=True))
 
 
 def _needs_hydra_cli(argv: list[str]) -> bool:
@@ -124,7 +124,7 @@ def compose_and_run(argv: list[str]) -> int:
     except HarnessError as exc:
         print(str(exc), file=sys.stderr)
         return exc.exit_code
-    return run(cfg, choices, argv, checked=True)
+    return run_config(cfg, choices, argv, checked=True)
 
 
 def flag_problems(argv: list[str], known: set[str]) -> list:

@@ -1,7 +1,7 @@
-"""The run lifecycle after planning: parents first, then the run's stages (harness.stages):
+"""The run lifecycle after planning: parents first, then the run's recipe (harness.recipe.Run):
 
-    parent plans (the SFT warm start, then a planned teacher) -> claim run dir -> data -> policy -> resume point
-    -> train -> finalize
+    prerequisites (the SFT warm start, then a planned teacher) -> claim the run dir -> the recipe (setup: data,
+    policy, resume point, context, eval before, loggers, trainer; train; finalize) -> the summary
 
 One code path for one process and for every rank of a multi-process launch: rank 0 claims the run dir
 and tells the others what it found; all ranks train together; rank 0 finalizes. A completed run is left
@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import gc
 import logging
-import os
 import time
 import traceback
 from pathlib import Path
@@ -25,7 +23,6 @@ from pathlib import Path
 from harness import dist
 from harness.config.fields import TEACHER, WARM_START
 from harness.errors import ConfigError, HarnessError, Problem, RunDirLocked
-from harness.faults import point
 from harness.halt import Halted, defer, interrupted, signal_name
 from harness.plan import Plan
 from harness.rundir import COMPLETION, MANIFEST, RunDir, claim, read_json
@@ -272,13 +269,21 @@ def _halted(plan: Plan, run: RunDir, halt: Halted) -> int:
 
 
 def run_stages(plan: Plan, run: RunDir, parent_s: float = 0.0) -> dict | None:
-    """data -> policy -> resume point -> train -> finalize; completion.json's content on rank 0, with the
-    seconds of each phase (`phases_s`: the next regression is visible in every run). Throughout, SIGUSR1
-    writes this rank's stacks to the run dir (harness.diagnostics)."""
+    """The run's recipe (harness.recipe.Run): set up (data, policy, resume point, context, eval before, loggers,
+    trainer), train, finalize; cleaned up whatever happens. completion.json's content on rank 0, with the seconds
+    of each phase (`phases_s`: the next regression is visible in every run). Throughout, SIGUSR1 writes this rank's
+    stacks to the run dir (harness.diagnostics)."""
     from harness.diagnostics import StackDumps
+    from harness.recipe import Run  # torch-free at import: what trains is imported by setup
 
     with run_objects(), StackDumps(run.path, dist.rank(), plan.cfg.train.hang_timeout_s) as dumps:
-        return _stages(plan, run, parent_s, dumps)
+        recipe = Run(plan, run, parent_s=parent_s, dumps=dumps)
+        try:
+            recipe.setup()
+            recipe.train()
+            return recipe.finalize()
+        finally:
+            recipe.cleanup()
 
 
 @contextlib.contextmanager
@@ -301,103 +306,6 @@ def run_objects():
     finally:
         gc.collect()  # the run's objects only: the permanent generation is not scanned
         gc.unfreeze()
-
-
-def _stages(plan: Plan, run: RunDir, parent_s: float, dumps) -> dict | None:
-    from harness.rundir import now
-
-    earlier = list(run.manifest.get("start_phases", []))  # one entry per start of this run (resumes too)
-    this = {"pid": os.getpid(), "started_at": now(), "seconds": {}}
-    record = lambda marks: run.update(start_phases=[*earlier, {**this, "seconds": marks}])  # noqa: E731
-    clock = Phases(parent=parent_s, on_mark=record)
-    from harness.stages.resume import CheckAhead, CheckpointDamaged, find  # torch-free
-
-    started = time.time()
-    # the resume's deep check on a thread from here: beside the imports below (torch, transformers, TRL: seconds),
-    # the data and model stages and, where it is not done by then, the Trainer's loads
-    ahead = CheckAhead(run.path, fault=f"{plan.kind}.check_ahead") if dist.is_main() else None
-    try:
-        from harness.log import quiet_libraries
-        from harness.stages import data as data_stage
-        from harness.stages import policy as policy_stage
-        from harness.stages import preflight
-        from harness.stages.finalize import finalize
-        from harness.stages.train import train
-        from harness.trainsets import corpus
-
-        point(f"{plan.kind}.start")  # tests only (harness.faults): a crash right after the claim
-        quiet_libraries()
-        _reset_peak_memory()  # completion.json's peak_cuda_mb is this run's, not the process's (a sweep's jobs)
-        clock.lap("imports")  # torch, transformers and TRL: paid by the first run of a process
-        data = dist.main_first(data_stage.prepare, plan.cfg, run.recorded("data"), run_dir=str(run.path),
-                               fix="restore the dataset, or start a new run (another output_root)")  # rank 0 builds caches
-        run.update(identity={"data": {"content_sha256": data.content_sha256, "root": str(data.root)}})
-        log.info("data: %s (%s)", data.root, data.summary)
-        data = data_stage.load_rows(plan.cfg, data)
-        clock.lap("data")
-        policy = policy_stage.build(plan, run.recorded("model"), corpus(data.train_rows + data.test_rows),
-                                    str(run.path), preflight=functools.partial(preflight.run, plan, run, data))
-        clock.lap("model")
-        parent = plan.parent and {"run_name": plan.parent.run_name, "run_dir": plan.parent.run_dir,
-                                  "semantic_sha256": plan.parent.identity["semantic_sha256"]}
-        run.update(identity={"model": {"files_sha256": policy.base_identity.get("files_sha256"),
-                                       "base_path": policy.base_path}}, parent=parent)  # a parent iff init=sft
-        run.set_status("running", init=policy.init)
-        trained = None
-        while trained is None:  # twice at most: confirm leaves the thread done, and find is then exact
-            resume = dist.on_main(find, plan, run.path, ahead)  # one decision for all ranks
-            if resume.skipped:
-                run.update(skipped_checkpoints=[*run.manifest.get("skipped_checkpoints", []), *resume.skipped])
-            try:
-                trained = train(plan, run.path, data, policy, resume, clock=clock, dumps=dumps)
-            except CheckpointDamaged as exc:  # found beside the loads, before any step: find now knows, and skips it
-                log.warning("%s failed its deep check as it loaded (%s); choosing again", exc.checkpoint,
-                            "; ".join(exc.problems[:3]))
-        completion = finalize(plan, run, data, policy, trained, started, clock=clock)
-        if completion is not None:
-            run.set_status("completed")
-        return completion
-    finally:
-        if ahead is not None:
-            ahead.cancel()  # the run failed before find: the thread stops
-
-
-def _reset_peak_memory() -> None:
-    import torch
-
-    if torch.cuda.is_available():
-        torch.cuda.reset_peak_memory_stats()
-
-
-class Phases:
-    """Wall seconds per phase of a run, in order: `lap(name)` closes the phase that ends now. Also the start
-    phases: `start[name]`, the seconds from this process's start on the plan (its parent included) to the end of
-    each phase and to the first optimizer step (`mark("first_step")`), given to `on_mark` as they happen (the
-    manifest's `start_phases`: the cold-start cost of every start of a run, resumes included)."""
-
-    ORDER = ("parent", "imports", "data", "model", "eval_before", "train", "eval_after", "finalize")
-
-    def __init__(self, parent: float = 0.0, on_mark=None):
-        self.seconds = {"parent": round(parent, 3)}
-        self.start = {"parent": round(parent, 3)}
-        self._parent, self.on_mark = parent, on_mark
-        self._t0 = self._t = time.perf_counter()
-
-    def lap(self, name: str, mark: bool = True) -> None:
-        """`mark=False`: a phase that goes on later (the start phase is marked at its last lap)."""
-        now = time.perf_counter()
-        self.seconds[name] = round(self.seconds.get(name, 0.0) + now - self._t, 3)
-        self._t = now
-        if mark:
-            self.mark(name)
-
-    def mark(self, name: str) -> None:
-        self.start[name] = round(self._parent + time.perf_counter() - self._t0, 3)
-        if self.on_mark is not None:
-            self.on_mark(dict(self.start))
-
-    def as_dict(self) -> dict:
-        return {k: self.seconds.get(k, 0.0) for k in self.ORDER}
 
 
 def _check_world(plan: Plan) -> None:

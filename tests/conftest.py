@@ -139,7 +139,7 @@ def tiny(tmp_path_factory) -> TinyRuns:
 
 
 def resume_decision(plan, run: Path, ahead=None):
-    """What a run resumes from in the end (harness.lifecycle._stages without its train stage): find, then the
+    """What a run resumes from in the end (harness.recipe.Run without its training): find, then the
     deep check it left to the thread (ResumePoint.confirm, which the run calls after the loads), and find again
     when that check finds the chosen checkpoint damaged."""
     from harness.stages.resume import CheckpointDamaged, find

@@ -25,7 +25,7 @@ log = logging.getLogger("harness")
 
 def finalize(plan, run: RunDir, data, policy, trained: Trained, started: float, clock) -> dict | None:
     """completion.json's content on rank 0 (written), None on the other ranks. `clock`
-    (harness.lifecycle.Phases) gets the laps eval_after and finalize; its phases go into completion.json."""
+    (harness.recipe.Phases) gets the laps eval_after and finalize; its phases go into completion.json."""
     cfg, ctx, trainer = plan.cfg, trained.ctx, trained.trainer
     save_final_policy(trainer, run.path, base_path=policy.base_path, plan=plan)
     counts = {"rank": ctx.rank, "completion_tokens": ctx.tokens_used, "completions": ctx.completions}

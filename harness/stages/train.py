@@ -21,9 +21,8 @@ from harness.callbacks import (BudgetCallback, FirstStepCallback, HaltCallback, 
 from harness.checkpoint_callback import CheckpointCallback
 from harness.errors import NonFiniteError, Problem
 from harness.diagnostics import StackDumps
-from harness.eval.during import eval_before, periodic_eval
+from harness.eval.during import periodic_eval
 from harness.halt import Halt, Halted
-from harness.loggers import close_loggers, open_run_loggers
 from harness.policy import Policy, device_of
 from harness.stages.kind import kind_run
 from harness.stages.resume import (ResumePoint, load_final_weights, load_full_weights_strictly, needs_strict_load,
@@ -53,9 +52,10 @@ def open_logs(plan, run_dir: Path, resume: ResumePoint) -> RunContext:
 
 
 def build(plan, run_dir: Path, data, policy: Policy, ctx: RunContext, resume: ResumePoint, halt: Halt | None = None,
-          dumps: StackDumps | None = None):
+          dumps: StackDumps | None = None, clock=None):
     """The arm's trainer with the harness's callbacks, its counters restored on resume. `halt`: this process's
-    stop request (harness.halt), read after every step; `dumps`: the stack dumps whose watchdog every step re-arms."""
+    stop request (harness.halt), read after every step; `dumps`: the stack dumps whose watchdog every step re-arms;
+    `clock` (harness.recipe.Phases): marked at this process's first optimizer step."""
     from transformers.trainer_callback import ProgressCallback
 
     from harness.faults import install_kill_switch
@@ -87,61 +87,25 @@ def build(plan, run_dir: Path, data, policy: Policy, ctx: RunContext, resume: Re
     if sys.stderr.isatty():  # a bar for a terminal; in a log file its frames would glue onto the step lines
         trainer.add_callback(QuietProgressCallback(ctx))
     install_kill_switch(trainer, plan)
+    if clock is not None:
+        trainer.add_callback(FirstStepCallback(clock))
     return trainer
 
 
-def train(plan, run_dir: Path, data, policy: Policy, resume: ResumePoint, clock,
-          dumps: StackDumps | None = None) -> Trained:
-    """`clock` (harness.lifecycle.Phases) gets the laps eval_before and train; `dumps` (harness.diagnostics): the
-    run's stack dumps, whose hang watchdog training arms. A planned stop (a signal during training,
-    budget.stop_after_steps) raises harness.halt.Halted once its checkpoint is published. A checkpoint whose deep
-    check, finished beside the loads, finds it damaged raises harness.stages.resume.CheckpointDamaged before the
-    first step (also when a loader failed on the damage first)."""
-    try:
-        return _train(plan, run_dir, data, policy, resume, clock, dumps)
-    except Exception as exc:
-        resume.confirm_after(exc)
-        raise
+def audit_the_resume(plan, trainer, model, resume: ResumePoint, ctx: RunContext) -> None:
+    """On resume: the resume audit (harness.audit) proves every piece of restored state before the first step, and
+    a full fine-tune whose checkpoint names tensors the model does not is loaded strictly first."""
+    if resume.checkpoint is None:
+        return
+    from harness.audit import ResumeAuditCallback
 
-
-def _train(plan, run_dir: Path, data, policy: Policy, resume: ResumePoint, clock, dumps) -> Trained:
-    already_paused(plan, resume)
-    ctx = open_logs(plan, run_dir, resume)
-    evals = eval_before(plan, run_dir, data, policy, resumed=resume.checkpoint is not None)
-    clock.lap("eval_before")
-    env_before = open_run_loggers(plan, run_dir)  # W&B / trackio (rank 0), restored by close_loggers
-    halt = Halt()
-    trainer = build(plan, run_dir, data, policy, ctx, resume, halt=halt, dumps=dumps)
-    trainer.add_callback(FirstStepCallback(clock))
-    if resume.checkpoint is not None:
-        from harness.audit import ResumeAuditCallback
-
-        audit = ResumeAuditCallback(run_dir, resume.checkpoint, rank=ctx.rank, confirm=resume.confirm)
-        audit.attach(trainer)
-        # first of all at on_train_begin: a checkpoint found damaged there stops the start before any other
-        # callback begins (a recorder, a watchdog) in the attempt the run then abandons
-        trainer.callback_handler.callbacks.insert(0, audit)
-        if plan.cfg.model.tuning == "full" and not stock_resume() and needs_strict_load(policy.model, resume.checkpoint):
-            load_full_weights_strictly(policy.model, resume.checkpoint)
-    failed = True
-    try:
-        if resume.permanent:
-            train_out = finish_from_final_checkpoint(plan, trainer, policy.model, resume, ctx)
-        else:
-            with halt:  # SIGTERM / SIGINT (/ a scheduler's signal) stop after the current step
-                train_out = trainer.train(resume_from_checkpoint=str(resume.checkpoint) if resume.checkpoint else None)
-        failed = False
-    finally:  # also on failure: the next job of a sweep (same process) must not inherit open loggers
-        close_loggers(trainer, ctx, env_before, failed=failed)
-    dist.barrier()  # every rank's ledger and trace are closed (fsynced) before rank 0 reads them
-    clock.lap("train")
-    if ctx.nonfinite_abort is not None:
-        raise nonfinite_error(plan, run_dir, ctx)
-    if ctx.halted:
-        h = ctx.halted
-        raise Halted(h["status"], h["step"], f"checkpoint-{h['step']}", signum=h["signum"],
-                     then=halt.scheduler_handler())
-    return Trained(trainer=trainer, ctx=ctx, train_out=train_out, evals=evals)
+    audit = ResumeAuditCallback(ctx.run_dir, resume.checkpoint, rank=ctx.rank, confirm=resume.confirm)
+    audit.attach(trainer)
+    # first of all at on_train_begin: a checkpoint found damaged there stops the start before any other
+    # callback begins (a recorder, a watchdog) in the attempt the run then abandons
+    trainer.callback_handler.callbacks.insert(0, audit)
+    if plan.cfg.model.tuning == "full" and not stock_resume() and needs_strict_load(model, resume.checkpoint):
+        load_full_weights_strictly(model, resume.checkpoint)
 
 
 def nonfinite_error(plan, run_dir: Path, ctx: RunContext) -> NonFiniteError:
