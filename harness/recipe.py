@@ -28,7 +28,7 @@ import time
 from harness import dist
 from harness.faults import point
 from harness.rundir import RunDir, now
-from harness.stages.resume import CheckpointDamaged  # torch-free
+from harness.stages.resume import CheckAhead, CheckpointDamaged  # torch-free
 
 log = logging.getLogger("harness")
 
@@ -54,8 +54,6 @@ class Run:
 
     def setup(self) -> None:
         """What training needs, in the order it is built."""
-        from harness.stages.resume import CheckAhead
-
         # the resume's deep check starts first, on a thread: beside the imports (torch, transformers, TRL: seconds),
         # the data and model stages and, where it is not done by then, the Trainer's loads
         self.ahead = CheckAhead(self.run.path, fault=f"{self.plan.kind}.check_ahead") if dist.is_main() else None
