@@ -108,12 +108,13 @@ def policy_base(path: Path, base_path: str | None) -> str | None:
 
 def load_policy_model(path: str | Path, *, base_path: str | None = None, trainable: bool = True,
                       model_cfg: ModelConfig | None = None):
-    path, m = Path(path), model_cfg
+    path = Path(path)
     if not (path / "adapter_config.json").is_file():
-        return _auto_model(str(path), m)
+        return _auto_model(str(path), model_cfg)
     from peft import PeftModel
 
-    return PeftModel.from_pretrained(_auto_model(policy_base(path, base_path), m), str(path), is_trainable=trainable)
+    return PeftModel.from_pretrained(_auto_model(policy_base(path, base_path), model_cfg), str(path),
+                                     is_trainable=trainable)
 
 
 def load_policy_processor(path: str | Path, *, base_path: str | None = None,
@@ -121,11 +122,10 @@ def load_policy_processor(path: str | Path, *, base_path: str | None = None,
     """The processor a saved policy runs with. A run on a real checkpoint takes that checkpoint's own processor files,
     whatever the policy dir holds: a Trainer checkpoint holds what the image-only processor saves (no video
     processor), which the stock AutoProcessor cannot rebuild."""
-    path, m = Path(path), model_cfg
-    base = policy_base(path, base_path)
-    if m is not None and m.source == "pretrained" and base:
-        return load_processing(Path(base), m)
-    return load_processing(path if (path / "tokenizer_config.json").exists() else Path(base), m)
+    path, base = Path(path), policy_base(Path(path), base_path)
+    if model_cfg is not None and model_cfg.source == "pretrained" and base:
+        return load_processing(Path(base), model_cfg)
+    return load_processing(path if (path / "tokenizer_config.json").exists() else Path(base), model_cfg)
 
 
 def load_processing(path: Path, m: ModelConfig | None):

@@ -52,8 +52,9 @@ def plan_rewards(plan):
     if _REWARDS[0] is not plan:  # one slot: a sweep's next job in this process replaces the previous one's
         # a reward file edited between the plan (whose run name carries its code digest) and now, e.g. while a
         # SLURM job waited in the queue, would train other code under this run's name: refused, naming the file
-        check_sources(reward_json(plan), plan.identity.get("reward"), plan.run_dir)
-        _REWARDS[:] = [plan, Rewards(reward_json(plan), data_source=plan.cfg.data.name)]
+        reward = reward_json(plan)
+        check_sources(reward, plan.identity.get("reward"), plan.run_dir)
+        _REWARDS[:] = [plan, Rewards(reward, data_source=plan.cfg.data.name)]
     return _REWARDS[1]
 
 

@@ -323,14 +323,20 @@ def test_off_never_writes_nor_reads(cache, monkeypatch):
 
 
 def test_where_the_cache_lives(monkeypatch, tmp_path):
+    """The compose cache and the checkpoints' digest memo (harness.models.pretrained) share one root
+    (harness.usercache), each in its own folder, whichever variable names it."""
+    from harness.models.pretrained import _digest_memo
+
     monkeypatch.setenv("HARNESS_CACHE_DIR", str(tmp_path / "h"))
-    assert compose_cache.cache_dir() == tmp_path / "h" / "compose"
+    assert compose_cache.cache_dir() == tmp_path / "h" / "compose" and _digest_memo() == tmp_path / "h" / "digests"
     monkeypatch.delenv("HARNESS_CACHE_DIR")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "x"))
     assert compose_cache.cache_dir() == tmp_path / "x" / "harness" / "compose"
+    assert _digest_memo() == tmp_path / "x" / "harness" / "digests"
     monkeypatch.delenv("XDG_CACHE_HOME")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert compose_cache.cache_dir() == tmp_path / "home" / ".cache" / "harness" / "compose"
+    assert _digest_memo() == tmp_path / "home" / ".cache" / "harness" / "digests"
 
 
 def test_the_test_session_never_writes_to_the_users_cache():
