@@ -9,58 +9,15 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
-from pathlib import Path
 
 from transformers import TrainerCallback
 from transformers.trainer_callback import ProgressCallback
 
 from harness import dist
-from harness.accounting.logs import AppendLog
+from harness.context import RunContext  # noqa: F401  (its documented import path)
 from harness.halt import signal_name
-from harness.rounds import GenerationRound
 
 log = logging.getLogger("harness")
-
-
-@dataclass
-class RunContext:
-    run_dir: Path
-    plan: object  # harness.plan.Plan
-    rank: int = 0
-    world: int = 1
-    ledger: AppendLog | None = None
-    trace: AppendLog | None = None
-    metrics: AppendLog | None = None  # rank 0 only
-    tokens_used: int = 0  # this rank's sampled completion tokens (ledger sum)
-    completions: int = 0
-    token_share: int | None = None  # this rank's share of budget.max_completion_tokens
-    round: GenerationRound | None = None  # RL arms: the generation round (harness.rounds)
-    loss_tokens: int = 0  # SFT: loss-bearing tokens trained on (counted up front)
-    stopped_by_budget: bool = False
-    halted: dict | None = None  # a planned stop after a step: {"status", "step", "signum"} (harness.halt)
-    nonfinite_steps: int = 0  # optimizer steps skipped for a non-finite gradient (NonFiniteCallback), all of the run
-    nonfinite_abort: list | None = None  # the skipped steps of this process, once over train.max_nonfinite_steps
-    step_clock: tuple[float, int] | None = None  # (time, global_step) when this process's first step began
-    pending_eval: tuple[int, dict] | None = None  # (step, eval_* logs) of a periodic eval, until its row is written
-    eval_s: float = 0.0  # seconds of periodic evals in this process (not training time)
-    trace_pending: int = 0  # trace rows sampled but held for their loss's fields (HarnessReward.hold_trace)
-    round_rows: tuple[int, list] | None = None  # (step, this rank's scored completions) of the round just sampled
-    signal: object | None = None  # harness.learning.Monitor of an RL run whose update the reward drives
-    signal_metrics: dict | None = None  # the last round's signal/* values for the metrics row
-
-    def frontier(self) -> dict:
-        if self.trace_pending:  # a checkpoint would bind a trace without them: they would be lost on resume
-            raise RuntimeError(f"{self.trace_pending} trace rows of this round are still held for their loss's "
-                               "fields at a checkpoint: the arm's loss did not see every completion of the step")
-        out = {}
-        if self.ledger is not None:
-            out["ledger"] = self.ledger.frontier().to_json()
-        if self.trace is not None:
-            out["trace"] = self.trace.frontier().to_json()
-        if self.metrics is not None:
-            out["metrics"] = self.metrics.frontier().to_json()
-        return out
 
 
 def _all_ranks_continue(ok: bool) -> bool:
@@ -283,8 +240,7 @@ class MetricsCallback(TrainerCallback):
         self.last_logged_step = state.global_step
         pending = self.ctx.pending_eval
         if pending is not None and pending[0] == state.global_step:  # a periodic eval of this step (PeriodicEval)
-            logs.update(pending[1])
-            self.ctx.pending_eval = None
+            logs.update(pending[1])  # (PeriodicEval clears it at its save: one row per step, so no second use)
         row = {"step": state.global_step, **{k: v for k, v in logs.items() if isinstance(v, (int, float))}}
         row.update(self.ctx.plan.kind.metrics_fields(self.ctx))
         if self.ctx.nonfinite_steps:

@@ -22,9 +22,9 @@ class CheckpointCallback(TrainerCallback):
     From train begin a Recorder (harness.accounting.tensorfiles) watches the Trainer write its checkpoints: each
     tensor's bytes are hashed once, for the state digests and the file digests both."""
 
-    def __init__(self, ctx: RunContext, keep_last: int):
-        self.ctx, self.keep_last = ctx, keep_last
-        self.trainer_totals = dict  # set by the train stage: the trainer's counters (e.g. SFT: loss tokens so far)
+    def __init__(self, ctx: RunContext, keep_last: int, totals=dict):
+        # totals(): the trainer's own counters every checkpoint records (e.g. SFT: loss tokens so far; TrainerLink)
+        self.ctx, self.keep_last, self.trainer_totals = ctx, keep_last, totals
         self.published: list[int] = []
         self.recorder = None
 
@@ -33,6 +33,10 @@ class CheckpointCallback(TrainerCallback):
 
         self.recorder = tensorfiles.start(args.output_dir)
         return control
+
+    def file_digest(self, path) -> str:
+        """A checkpoint file's digest as publish records it (hashed once, as the Trainer wrote it)."""
+        return self.recorder.file_digest(path)
 
     def on_train_end(self, args, state, control, **kwargs):
         if self.recorder is not None:

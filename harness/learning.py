@@ -159,6 +159,7 @@ class Monitor:
     def __init__(self, window: int, *, schema_reward: bool, arm: str, extra_terms: list[str]):
         self.window, self.schema_reward, self.arm, self.extra_terms = window, schema_reward, arm, extra_terms
         self.seen = 0  # rounds observed
+        self.last_step: int | None = None  # the step of the last round observed
         self.stretch: list[RoundStats] = []  # the current run of rounds without signal
         self.finding: dict | None = None  # as said when established
         self._found: list[RoundStats] | None = None  # the finding's stretch, as far as it went on
@@ -167,6 +168,7 @@ class Monitor:
     def observe(self, r: RoundStats) -> dict | None:
         """The finding when this round establishes it (once per run), else None."""
         self.seen += 1
+        self.last_step = r.step
         self.stretch = self.stretch + [r] if no_update_cause(r, self.schema_reward) else []
         if self.finding is not None:
             if self.stretch and self.stretch[0] is self._found[0]:
@@ -250,14 +252,14 @@ def finding_fix(f: dict) -> str:
 
 def observe_round(ctx) -> dict | None:
     """After an optimizer step (harness.callbacks.SignalCallback): the round this step sampled, if any (the reward
-    function left it in `ctx.round_rows`), gathered from every rank (the same merged round on each), judged by
-    `ctx.signal`; its signal/* values go to the step's metrics row. The finding when this round establishes it."""
+    function left it in `ctx.round_rows`) and the monitor has not seen it, gathered from every rank (the same merged
+    round on each), judged by `ctx.signal`; its signal/* values go to the step's metrics row. The finding when this
+    round establishes it."""
     from harness import dist
 
-    if ctx.round_rows is None or ctx.signal is None:
-        return None
+    if ctx.round_rows is None or ctx.signal is None or ctx.round_rows[0] == ctx.signal.last_step:
+        return None  # (every rank decides alike: the same steps sample, the monitor saw the same merged rounds)
     step, rows = ctx.round_rows
-    ctx.round_rows = None
     merged = RoundStats.merge(dist.all_gather(RoundStats.of_rows(step, rows)))
     found = ctx.signal.observe(merged)
     ctx.signal_metrics = {**merged.metrics(), "signal/no_update": int(

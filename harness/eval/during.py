@@ -69,8 +69,9 @@ def reward_json(plan) -> dict:
     return to_jsonable(plan.cfg.reward)
 
 
-def periodic_eval(plan, run_dir: Path, data, policy: Policy, ctx: RunContext):
-    """train.eval_steps: the PeriodicEvalCallback of this run (its sink logger is set once the trainer exists)."""
+def periodic_eval(plan, run_dir: Path, data, policy: Policy, ctx: RunContext, *, log, file_digest):
+    """train.eval_steps: the PeriodicEvalCallback of this run. `log(logs)`: to the trainer's every sink;
+    `file_digest(path)`: a checkpoint file's digest as publish records it."""
     from harness.eval.periodic import PeriodicEvalCallback
     from harness.eval.greedy import write_eval
 
@@ -79,7 +80,8 @@ def periodic_eval(plan, run_dir: Path, data, policy: Policy, ctx: RunContext):
         return score_policy(plan, data, policy, label=ref, policy_ref=ref, policy_sha256=None)
 
     return PeriodicEvalCallback(ctx, plan.cfg.train.eval_steps, evaluate=evaluate,
-                                write=lambda result, preds: write_eval(run_dir, result, preds), log=None)
+                                write=lambda result, preds: write_eval(run_dir, result, preds), log=log,
+                                file_digest=file_digest)
 
 
 def eval_settings(plan, data, policy_sha256: str | None) -> dict:

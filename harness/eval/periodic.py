@@ -39,10 +39,11 @@ class PeriodicEvalCallback(TrainerCallback):
     and the eval. The RNG states are restored after it, so an eval changes no sample and no update. The run's last
     step is not evaluated here: the final eval scores the same weights."""
 
-    def __init__(self, ctx: RunContext, every: int, evaluate, write, log):
-        # evaluate() -> (result, predictions); write(result, predictions); log(eval_* logs) to every sink
+    def __init__(self, ctx: RunContext, every: int, evaluate, write, log, file_digest):
+        # evaluate() -> (result, predictions); write(result, predictions); log(eval_* logs) to every sink;
+        # file_digest(path): a checkpoint file's digest as publish records it (CheckpointCallback.file_digest)
         self.ctx, self.every, self.evaluate, self.write, self.log = ctx, every, evaluate, write, log
-        self.file_digest = None  # the checkpoint's file digests as publish will record them (the train stage sets it)
+        self.file_digest = file_digest
         self.evaluated = None  # the step evaluated at its end (every rank: the decision is the same on all)
         self.pending = None  # (result, predictions) on rank 0, between step end and save
 

@@ -18,8 +18,10 @@ from harness.kinds import Kind
 class KindRun:
     """The run-time behaviour of one kind (`kind_run(kind)`)."""
 
-    def open_logs(self, ctx, resume, opened) -> None:
-        """This rank's kind-specific logs and counters into ctx (`opened(key, rel)`: a log at the frontier)."""
+    def open_logs(self, plan, run_dir: Path, rank: int, world: int, resume, opened) -> dict:
+        """This rank's kind-specific logs and counters, as the run context's fields (`opened(key, rel)`: a log at
+        the resume point's frontier)."""
+        return {}
 
     def trainset(self, plan, data, policy, ctx) -> tuple[Any, Any]:
         """(the training dataset, the reward function TRL calls or None)."""
@@ -68,20 +70,19 @@ class SftRun(KindRun):
 class RlRun(KindRun):
     """Samples completions: the ledger, trace and token counters; the prompts and the ledger's reward function."""
 
-    def open_logs(self, ctx, resume, opened) -> None:
+    def open_logs(self, plan, run_dir: Path, rank: int, world: int, resume, opened) -> dict:
         from harness.accounting.logs import ledger_path, trace_path
 
-        ctx.ledger, ctx.trace = opened("ledger", ledger_path(ctx.rank)), opened("trace", trace_path(ctx.rank))
-        totals = resume.totals(ctx.rank)
-        ctx.tokens_used, ctx.completions = totals.get("completion_tokens", 0), totals.get("completions", 0)
-        ctx.token_share = ctx.plan.budget["completion_token_ceiling"] // ctx.world
-        ctx.round = ctx.plan.round
-        ctx.signal = self._monitor(ctx.plan)
-        if ctx.signal is not None and resume.checkpoint is not None:  # the window goes on from the checkpoint's
+        totals = resume.totals(rank)
+        signal = self._monitor(plan)
+        if signal is not None and resume.checkpoint is not None:  # the window goes on from the checkpoint's
             from harness.learning import rounds_of_rows, trace_rows
 
-            for r in rounds_of_rows(trace_rows(ctx.run_dir, ctx.world, before_step=resume.manifest["step"])):
-                ctx.signal.observe(r)
+            for r in rounds_of_rows(trace_rows(run_dir, world, before_step=resume.manifest["step"])):
+                signal.observe(r)
+        return dict(ledger=opened("ledger", ledger_path(rank)), trace=opened("trace", trace_path(rank)),
+                    tokens_used=totals.get("completion_tokens", 0), completions=totals.get("completions", 0),
+                    token_share=plan.budget["completion_token_ceiling"] // world, round=plan.round, signal=signal)
 
     @staticmethod
     def _monitor(plan):

@@ -12,13 +12,14 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from arms import build_trainer
-from arms.common import BuildContext, trainer_totals
+from arms.common import BuildContext
 from harness import dist
 from harness.accounting.logs import METRICS_PATH, AppendLog, Frontier
 from harness.callbacks import (BudgetCallback, FirstStepCallback, HaltCallback, MetricsCallback,
                                NonFiniteCallback, QuietProgressCallback, RunContext, SignalCallback,
                                TrackioCallback, WatchdogCallback)
 from harness.checkpoint_callback import CheckpointCallback
+from harness.context import TrainerLink
 from harness.errors import NonFiniteError, Problem
 from harness.diagnostics import StackDumps
 from harness.eval.during import periodic_eval
@@ -40,15 +41,20 @@ class Trained:
 
 
 def open_logs(plan, run_dir: Path, resume: ResumePoint) -> RunContext:
-    """This rank's RunContext: metrics (rank 0), ledger and trace (RL) reopened at the checkpoint's frontier,
-    and the counters the checkpoint recorded (no need to re-read the ledger)."""
-    ctx = RunContext(run_dir=run_dir, plan=plan, rank=dist.rank(), world=dist.world_size())
-    fr = resume.frontier(ctx.rank)
+    """This rank's RunContext, the one place that builds it (harness.context): metrics (rank 0), ledger and trace
+    (RL) reopened at the checkpoint's frontier, and the counters the checkpoint recorded (no need to re-read the
+    ledger)."""
+    rank, world = dist.rank(), dist.world_size()
+    fr = resume.frontier(rank)
     opened = lambda key, rel: AppendLog(run_dir, rel, Frontier.from_json(fr[key]) if key in fr else None)  # noqa: E731
-    ctx.metrics = opened("metrics", METRICS_PATH) if dist.is_main() else None
-    ctx.nonfinite_steps = (resume.manifest.get("totals") or {}).get("nonfinite_steps", 0)
-    kind_run(plan.kind).open_logs(ctx, resume, opened)  # RL: ledger and trace at the frontier, the token counters
-    return ctx
+    totals = resume.manifest.get("totals") or {}
+    return RunContext(run_dir=run_dir, plan=plan, rank=rank, world=world,
+                      metrics=opened("metrics", METRICS_PATH) if dist.is_main() else None,
+                      nonfinite_steps=totals.get("nonfinite_steps", 0),
+                      # the run's final checkpoint: training is over, and its end is as the checkpoint recorded it
+                      stopped_by_budget=bool(resume.permanent and totals.get("stopped_by_budget")),
+                      # RL: ledger and trace at the frontier, the token counters, the learning-signal monitor
+                      **kind_run(plan.kind).open_logs(plan, run_dir, rank, world, resume, opened))
 
 
 def build(plan, run_dir: Path, data, policy: Policy, ctx: RunContext, resume: ResumePoint, halt: Halt | None = None,
@@ -62,8 +68,12 @@ def build(plan, run_dir: Path, data, policy: Policy, ctx: RunContext, resume: Re
 
     cfg = plan.cfg
     dataset, reward = kind_run(plan.kind).trainset(plan, data, policy, ctx)  # RL: prompts, and the ledger's reward function
-    checkpoints = CheckpointCallback(ctx, keep_last=cfg.train.keep_last)
-    periodic = periodic_eval(plan, run_dir, data, policy, ctx) if cfg.train.eval_steps else None
+    link = TrainerLink()  # the trainer, for the callbacks built before it (bound once, below)
+    checkpoints = CheckpointCallback(ctx, keep_last=cfg.train.keep_last, totals=link.totals)
+    # its eval_* values to every sink (TensorBoard, W&B; metrics.jsonl if not logged yet), its weights' digest as
+    # publish records it
+    periodic = (periodic_eval(plan, run_dir, data, policy, ctx, log=link.log, file_digest=checkpoints.file_digest)
+                if cfg.train.eval_steps else None)
     callbacks = [BudgetCallback(ctx), HaltCallback(ctx, halt or Halt(), cfg.budget.stop_after_steps),
                  SignalCallback(ctx), MetricsCallback(ctx, console=cfg.logger.console),
                  *([periodic] if periodic else []), checkpoints]
@@ -72,23 +82,20 @@ def build(plan, run_dir: Path, data, policy: Policy, ctx: RunContext, resume: Re
         callbacks.append(WatchdogCallback(dumps))
     if cfg.logger.trackio:
         callbacks.append(TrackioCallback())
+    if clock is not None:
+        callbacks.append(FirstStepCallback(clock))
     bctx = BuildContext(plan=plan, run_dir=run_dir, model=policy.model, processor=policy.processor,
                         train_dataset=dataset, callbacks=callbacks, reward_fn=reward,
                         suppress_token_ids=policy.suppress_token_ids, device=device_of(plan), world=ctx.world)
     trainer = build_trainer(plan.arm, bctx)
-    checkpoints.trainer_totals = lambda: trainer_totals(trainer)  # the counters protocol
-    if periodic is not None:  # its eval_* values to every sink (TensorBoard, W&B; metrics.jsonl if not logged yet)
-        periodic.log = lambda logs: trainer.callback_handler.on_log(trainer.args, trainer.state, trainer.control, logs)
-        periodic.file_digest = lambda path: checkpoints.recorder.file_digest(path)  # as publish records it, once
+    link.bind(trainer)
     if resume.checkpoint is not None and hasattr(trainer, "restore_checkpoint_totals"):
         trainer.restore_checkpoint_totals(resume.totals(ctx.rank))
     kind_run(plan.kind).built(trainer, ctx)  # SFT: the loss tokens its trainer planned
-    trainer.remove_callback(ProgressCallback)
+    trainer.remove_callback(ProgressCallback)  # Trainer.__init__ adds its bar after the callbacks it is given
     if sys.stderr.isatty():  # a bar for a terminal; in a log file its frames would glue onto the step lines
         trainer.add_callback(QuietProgressCallback(ctx))
-    install_kill_switch(trainer, plan)
-    if clock is not None:
-        trainer.add_callback(FirstStepCallback(clock))
+    install_kill_switch(trainer, plan)  # tests only (harness.faults)
     return trainer
 
 
@@ -148,5 +155,4 @@ def finish_from_final_checkpoint(plan, trainer, model, resume: ResumePoint, ctx:
     audit.on_train_begin(None, None, None, model=model, optimizer=None, lr_scheduler=None)
     audit.finish(resume.manifest["step"], only=("params", "adapters"))
     trainer.state = TrainerState.load_from_json(str(checkpoint / "trainer_state.json"))
-    ctx.stopped_by_budget = bool(resume.manifest["totals"].get("stopped_by_budget"))
     return SimpleNamespace(metrics={})
