@@ -31,13 +31,13 @@ def _setup(arm: str, overrides: list[str], root: str):
     from harness.cli import compose_plan
     from harness.data import ensure_synthetic, load_split
     from harness.data.spec import synthetic_args
-    from harness.lifecycle import run_parent
+    from harness.lifecycle import run_prerequisite
 
     plan = compose_plan([f"arm={arm}", f"output_root={root}", *overrides])
     d = plan.cfg.data
     data = ensure_synthetic(**synthetic_args(d, plan.cfg.model.patch_size), cache_dir=d.cache_dir)
     parent = plan.parent
-    run_parent(parent)
+    run_prerequisite(parent)
     return plan, data, load_split(data, d["train_split"]), Path(parent.run_dir) / "final_policy"
 
 

@@ -38,12 +38,12 @@ class Trial:
 def harness_trial(plan, kind: str = "harness") -> Trial:
     """Run the plan through the harness (its parent complete), from a fresh run dir; the run dir is removed."""
     from harness.accounting.logs import read_rows
-    from harness.lifecycle import execute
+    from harness.lifecycle import run_with_prerequisites
 
     run_dir = Path(plan.run_dir)
     shutil.rmtree(run_dir, ignore_errors=True)
     t0 = time.perf_counter()
-    assert execute(plan) == 0
+    assert run_with_prerequisites(plan) == 0
     wall = time.perf_counter() - t0
     comp = json.loads((run_dir / "completion.json").read_text())
     tokens = [r["tokens"] for r in read_rows(run_dir / "ledgers/rank-0.jsonl")] if plan.kind.samples else []

@@ -7,7 +7,7 @@ Runs `python -m harness debug=tiny <overrides>` made long: budget.max_steps=--st
 the plan's worst case for those steps (so max_steps binds, not the budget) and a checkpoint every --early/2 steps
 (debug=tiny's every 2 is slow; both measured steps have seen checkpoint saves). Two subprocesses of this script:
 the first runs the SFT warm start (and builds the data and the tiny model), so its memory is not the RL run's;
-the second composes the plan with harness.cli.compose_plan and runs harness.lifecycle.execute, with
+the second composes the plan with harness.cli.compose_plan and runs harness.lifecycle.run_with_prerequisites, with
 harness.stages.train.build wrapped at run time (nothing in the repository is patched) to add a callback that
 samples, at every step end, the current RSS (VmRSS) and the peak (getrusage ru_maxrss). Prints both at step
 --early and --steps, the RSS every --early steps and its slope, and last `ratio=<peak(steps)/peak(early)>`;
@@ -56,10 +56,10 @@ def child(phase: str, result: Path, argv: list[str], early: int, late: int, trac
     setup_logging()
     plan = compose_plan(argv)
     if phase == "parent":
-        from harness.lifecycle import run_parent
+        from harness.lifecycle import run_prerequisite
 
         if plan.parent is not None:
-            run_parent(plan.parent)
+            run_prerequisite(plan.parent)
         result.write_text(json.dumps({"ok": True}))
         return
 
@@ -103,11 +103,11 @@ def child(phase: str, result: Path, argv: list[str], early: int, late: int, trac
 
 
 def execute_fresh(plan) -> int:
-    from harness.lifecycle import execute
+    from harness.lifecycle import run_with_prerequisites
 
     if os.path.isdir(plan.run_dir):
         shutil.rmtree(plan.run_dir)  # this bench's own run (its overrides); an old one would resume or be complete
-    return execute(plan)
+    return run_with_prerequisites(plan)
 
 
 # --- the driver

@@ -56,9 +56,9 @@ def main() -> None:
                 "budget.max_completion_tokens=100000000"]
         base = [*head, f"budget.max_steps={steps}", *args.overrides]
         plans = {"harness": compose_plan([*base, *STOCK_PATHS]), "harness*": compose_plan(base)}
-        from harness.lifecycle import run_parent
+        from harness.lifecycle import run_prerequisite
 
-        run_parent(plans["harness*"].parent)  # the SFT warm start, once (not timed)
+        run_prerequisite(plans["harness*"].parent)  # the SFT warm start, once (not timed)
         warm = compose_plan([*head, "budget.max_steps=2", *args.overrides])
         common.harness_trial(warm)  # first-use costs (imports, allocator, kernels) are nobody's: not timed
         common.bare_trial(warm, steps=2, trl_defaults=True, scratch=Path(tmp) / "scratch")

@@ -3,7 +3,7 @@
 import sys
 
 from harness.cli import main
-from harness.entry import run
+from harness.entry import run_command
 
 if __name__ == "__main__":
-    sys.exit(run(main))
+    sys.exit(run_command(main))

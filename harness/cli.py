@@ -1,5 +1,11 @@
 """The Hydra entry point: compose, plan, then either print the plan (mode=plan) or run the lifecycle.
 
+    main(argv)                      a rank of a launch: run_plan(its plan file); flags, hydra.*, -m: Hydra's CLI
+                                    (harness.config.argv's checks first, then _entry: run_job, or a sweep's
+                                    run_sweep_job); else run_command_line(argv): composed once
+      run_job(cfg)                  the strict check, the plan; mode=plan prints it, else run_plan
+        run_plan(plan)              the directories probed; smoke | launch | lifecycle.run_with_prerequisites
+
 Kept torch-free at import time: `--help`, `--cfg job` and `mode=plan` never import torch,
 transformers or trl (checked by tests with `python -X importtime`).
 """
@@ -12,6 +18,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from harness.config.argv import needs_hydra_cli, precheck_hydra_cli
 from harness.config.compose import CONF_DIR, compose
 from harness.errors import HarnessError
 from harness.halt import hand_over
@@ -19,8 +26,8 @@ from harness.log import log, setup_logging
 from harness.plan import compose_plan  # noqa: F401  (the Plan of a command line; tests and bench import it here)
 
 
-def run_config(cfg: DictConfig, choices: dict | None = None, overrides: list[str] | None = None,
-               multirun: bool = False, checked: bool = False) -> int:
+def run_job(cfg: DictConfig, choices: dict | None = None, overrides: list[str] | None = None,
+            multirun: bool = False, checked: bool = False) -> int:
     """One job: plan, then print it or execute it. Returns the process exit code. `checked`: the config came from
     harness.config.compose.compose, whose strict check already passed for these overrides."""
     from harness.config.overrides import strict_check
@@ -70,9 +77,9 @@ def run_plan(plan) -> int:
 
         if needs_launch(plan):
             return launch(plan)
-        from harness.lifecycle import execute
+        from harness.lifecycle import run_with_prerequisites
 
-        return execute(plan)
+        return run_with_prerequisites(plan)
     except OSError as exc:  # a full disk, a read-only or unwritable directory mid-run: which field, why, the fix
         err = storage_error(exc, dirs)
         if err is None:
@@ -98,22 +105,17 @@ def _entry(cfg: DictConfig) -> float | None:
     hc = HydraConfig.get()
     overrides = list(hc.overrides.task)
     if hc.mode != RunMode.MULTIRUN:
-        code = run_config(cfg, dict(hc.runtime.choices), overrides)
+        code = run_job(cfg, dict(hc.runtime.choices), overrides)
         hand_over()  # a scheduler's handler of the signal that stopped the run (submitit's requeue), if any
         if code:
             raise SystemExit(code)
         return
-    from harness.sweep import run_job
+    from harness.sweep import run_sweep_job
 
-    return run_job(cfg, hc, lambda c, choices, o: run_config(c, choices, o, multirun=True))
-
-
-def _needs_hydra_cli(argv: list[str]) -> bool:
-    """Flags (--help, --cfg, -m, --info, ...) and hydra.* overrides need Hydra's own CLI machinery."""
-    return any(a.startswith("-") or a.lstrip("+~").startswith("hydra") for a in argv)
+    return run_sweep_job(cfg, hc, lambda c, choices, o: run_job(c, choices, o, multirun=True))
 
 
-def compose_and_run(argv: list[str]) -> int:
+def run_command_line(argv: list[str]) -> int:
     """A single job composed once with Hydra's compose API (same overrides grammar and errors).
 
     `hydra.main` composes every config twice (once to read hydra.mode); a single run does not
@@ -124,86 +126,7 @@ def compose_and_run(argv: list[str]) -> int:
     except HarnessError as exc:
         print(str(exc), file=sys.stderr)
         return exc.exit_code
-    return run_config(cfg, choices, argv, checked=True)
-
-
-def flag_problems(argv: list[str], known: set[str]) -> list:
-    """`--output_root=/tmp/x` (a TRL or argparse habit): a Problem with its Hydra form `output_root=/tmp/x`, for each
-    `--key[=value]` that is not one of Hydra's own flags (`known`)."""
-    from harness.errors import Problem
-
-    out = []
-    for i, a in enumerate(argv):
-        name, eq, value = a.partition("=")
-        if not a.startswith("--") or name in known or len(name) < 3:
-            continue
-        if not eq and i + 1 < len(argv) and not argv[i + 1].startswith("-") and "=" not in argv[i + 1]:
-            value = argv[i + 1]
-        key = _schema_key(name[2:])
-        out.append(Problem("command line", a, "the harness takes Hydra overrides key=value, not --key=value flags",
-                           f"write {key}={value or '...'} (python -m harness --help lists every key)"))
-    return out
-
-
-def _schema_key(flag: str) -> str:
-    """The schema key a flag's name means: itself, the one key it ends (learning_rate -> arm.learning_rate), or
-    the closest; else the name as given."""
-    from harness.config import schema
-    from harness.config.overrides import suggest
-
-    keys = [p for p, _ in schema.iter_fields(schema.Config)]
-    keys += [f"{g}.{p}" for g, opts in schema.SCHEMAS.items() for c in opts.values() for p, _ in schema.iter_fields(c)]
-    name = flag.replace("-", "_")
-    if name in keys:
-        return name
-    ends = sorted({k for k in keys if k.endswith("." + name)})
-    if ends:
-        return ends[0]
-    return suggest(name, keys) or name
-
-
-def precheck_hydra_cli(argv: list[str]) -> int:
-    """Before hydra.main composes (flags, hydra.* overrides, -m): the same strict check as a plain run.
-
-    hydra.main would print Hydra's raw text and exit 1, or accept a `+`/`++` key the schema lacks. A single
-    job is composed here once with the compose API (hydra.* overrides left to Hydra); a multirun is checked
-    without composing: what no job of it could compose (each job refuses its own `+`/`++` keys, recorded as
-    a failed job of the sweep). Returns 0 when hydra.main may go on, else the exit code (the error printed).
-    """
-    from hydra._internal.utils import get_args_parser
-
-    parser = get_args_parser()
-    flags = flag_problems(argv, set(parser._option_string_actions))
-    if flags:
-        from harness.errors import ConfigError
-
-        print(ConfigError(flags), file=sys.stderr)
-        return 2
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit:  # a bad flag: Hydra's own usage message says it
-        return 0
-    if any(getattr(args, a, None) for a in ("hydra_help", "shell_completion", "experimental_rerun", "config_path",
-                                             "config_name", "config_dir")):
-        return 0  # nothing of this config is composed, or another config is
-    from harness.errors import ConfigError
-    from harness.config.overrides import check_static, is_hydra_key
-
-    overrides = list(args.overrides or [])
-    job = [o for o in overrides if not is_hydra_key(o.lstrip("+~"))]
-    multirun = args.multirun or any(o.replace(" ", "").lower() == "hydra.mode=multirun" for o in overrides)
-    try:
-        if multirun:
-            problems = check_static(job)
-            if problems:
-                raise ConfigError(problems)
-        else:
-            compose(job)
-    except HarnessError as exc:
-        setup_logging()
-        print(str(exc), file=sys.stderr)
-        return exc.exit_code
-    return 0
+    return run_job(cfg, choices, argv, checked=True)
 
 
 def main() -> None:
@@ -226,7 +149,7 @@ def main() -> None:
         if code:
             raise SystemExit(code)
         return
-    if _needs_hydra_cli(argv):
+    if needs_hydra_cli(argv):
         from harness.config.store import register
 
         # Hydra's CLI reads the ConfigStore (--help lists its schemas, its text built only when asked for);
@@ -243,7 +166,7 @@ def main() -> None:
         if code:
             raise SystemExit(code)
         return
-    code = compose_and_run(argv)
+    code = run_command_line(argv)
     hand_over()  # a scheduler's handler of the signal that stopped the run (submitit's requeue), if any
     if code:
         raise SystemExit(code)

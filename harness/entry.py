@@ -12,7 +12,7 @@ from typing import Callable
 CLOSED_PIPE_EXIT = 141
 
 
-def run(main: Callable[[], int | None]) -> int | str | None:
+def run_command(main: Callable[[], int | None]) -> int | str | None:
     """`main()`'s exit code (its SystemExit's too), or CLOSED_PIPE_EXIT when stdout's reader closed the pipe."""
     try:
         try:

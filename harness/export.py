@@ -180,6 +180,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from harness.entry import run
+    from harness.entry import run_command
 
-    sys.exit(run(main))
+    sys.exit(run_command(main))

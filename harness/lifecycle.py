@@ -30,7 +30,7 @@ from harness.rundir import COMPLETION, MANIFEST, RunDir, claim, read_json
 log = logging.getLogger("harness")
 
 
-def execute(plan: Plan) -> int:
+def run_with_prerequisites(plan: Plan) -> int:
     """Run the plan's prerequisites in order (unless this run is already complete), then the plan itself."""
     cfg = plan.cfg
     if plan.kind.warm_start(cfg) and plan.parent is None:
@@ -50,11 +50,11 @@ def execute(plan: Plan) -> int:
     ran_parent = todo and bool(plan.prerequisites)
     for pre in plan.prerequisites:
         if todo:
-            code = run_parent(pre.plan, pre.what)
+            code = run_prerequisite(pre.plan, pre.what)
             if code:  # interrupted by a signal: so is this run (the same command continues both)
                 return code
         plan = AFTER[pre.role](plan, ran=todo)
-    return execute_one(plan, parent_s=time.perf_counter() - t0 if ran_parent else 0.0)
+    return claim_and_run(plan, parent_s=time.perf_counter() - t0 if ran_parent else 0.0)
 
 
 def _after_warm_start(plan: Plan, ran: bool) -> Plan:
@@ -142,19 +142,19 @@ def with_teacher_identity(plan: Plan) -> Plan:
 AFTER = {WARM_START: _after_warm_start, TEACHER: _after_teacher}
 
 
-def run_parent(parent: Plan, role: str = "the SFT warm start", poll_s: float = 2.0) -> int:
+def run_prerequisite(parent: Plan, role: str = "the SFT warm start", poll_s: float = 2.0) -> int:
     """Run a plan this one needs first (`role`: the SFT warm start, the teacher) unless it is complete. Jobs of a
     parallel sweep (joblib) that share it wait for the one that holds its lock instead of failing; a killed
     holder releases the lock by itself. Returns 0, or the exit code of a run interrupted by a signal
     (harness.halt); a failed one raises."""
     if dist.is_multi():  # every rank takes part (rank 0 claims); a complete parent returns at once
-        return _check(parent, execute(parent), role)
+        return _check(parent, run_with_prerequisites(parent), role)
     waiting = False
     while _status(parent.run_dir) != "completed":
         try:
             if not waiting:
                 log.info("running %s first (%s)", role, parent.run_name)
-            code = execute(parent)
+            code = run_with_prerequisites(parent)
         except RunDirLocked:
             if not waiting:
                 log.info("%s %s is running in another process; waiting for it", role, parent.run_name)
@@ -174,7 +174,7 @@ def _check(parent: Plan, code: int, role: str = "the SFT warm start") -> int:
     return 0
 
 
-def execute_one(plan: Plan, parent_s: float = 0.0) -> int:
+def claim_and_run(plan: Plan, parent_s: float = 0.0) -> int:
     """Claim (rank 0), run the stages (every rank), print the summary (rank 0). A refusal on rank 0 ends
     every rank with its exit code. `parent_s`: the seconds this process spent running the plan's parents."""
     _check_world(plan)
@@ -215,7 +215,7 @@ def execute_one(plan: Plan, parent_s: float = 0.0) -> int:
             run = RunDir.follower(plan.run_dir, resumed=outcome["resumed"])
         _announce(plan, run)
         try:
-            completion = run_stages(plan, run, parent_s=parent_s)
+            completion = run_recipe(plan, run, parent_s=parent_s)
             failed = False
         except Halted as halt:  # a planned stop: its checkpoint is published, the same command continues
             failed = False
@@ -268,7 +268,7 @@ def _halted(plan: Plan, run: RunDir, halt: Halted) -> int:
     return halt.exit_code
 
 
-def run_stages(plan: Plan, run: RunDir, parent_s: float = 0.0) -> dict | None:
+def run_recipe(plan: Plan, run: RunDir, parent_s: float = 0.0) -> dict | None:
     """The run's recipe (harness.recipe.Run): set up (data, policy, resume point, context, eval before, loggers,
     trainer), train, finalize; cleaned up whatever happens. completion.json's content on rank 0, with the seconds
     of each phase (`phases_s`: the next regression is visible in every run). Throughout, SIGUSR1 writes this rank's

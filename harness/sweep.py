@@ -1,6 +1,6 @@
 """A multirun sweep's bookkeeping: each job's record, the sweep's summary, the exit code of the sweep command.
 
-- A job (`run_job`, in whatever process the launcher runs it: this one, a joblib worker, a SLURM job) runs the
+- A job (`run_sweep_job`, in whatever process the launcher runs it: this one, a joblib worker, a SLURM job) runs the
   harness, then writes <sweep dir>/jobs/<n>.json: its overrides, status (completed | paused | interrupted |
   failed), run dir, exit code, error; under SLURM also the job id, the attempt (restart count), nodes and log, and
   the records of its earlier attempts (`attempts`: a requeued job's interrupted attempt is not a failure). Only
@@ -32,7 +32,7 @@ _FAILED_JOBS: list[int] = []  # filled by SweepCallback in the launching process
 _INTERRUPTED_JOBS: list[tuple[int, int | None]] = []  # (job, its exit code): the same
 
 
-def run_job(cfg, hc, run) -> float | None:
+def run_sweep_job(cfg, hc, run) -> float | None:
     """One job of a sweep: `run(cfg, choices, overrides)` -> exit code. A failure is recorded and the sweep goes on
     with the next job; a signal (harness.halt) ends the sweep after this job's checkpoint (the same sweep command
     continues it: complete runs are skipped). Returns the job's objective for a sweeper that optimizes."""
@@ -153,7 +153,7 @@ class SweepCallback(Callback):
     def on_multirun_start(self, config, **kwargs) -> None:
         total = sweep_size(config)
         if total is not None:
-            os.environ[SWEEP_SIZE_ENV] = str(total)  # read by run_job in this process, joblib workers, SLURM jobs
+            os.environ[SWEEP_SIZE_ENV] = str(total)  # read by run_sweep_job in this process, joblib workers, SLURM jobs
 
     def on_multirun_end(self, config, **kwargs) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)

@@ -156,6 +156,6 @@ def _init(args: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
-    from harness.entry import run
+    from harness.entry import run_command
 
-    sys.exit(run(main))
+    sys.exit(run_command(main))

@@ -72,6 +72,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from harness.entry import run
+    from harness.entry import run_command
 
-    raise SystemExit(run(main))
+    raise SystemExit(run_command(main))

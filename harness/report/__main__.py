@@ -2,8 +2,8 @@
 
 import sys
 
-from harness.entry import run
+from harness.entry import run_command
 from harness.report.cli import main
 
 if __name__ == "__main__":
-    sys.exit(run(main))
+    sys.exit(run_command(main))

@@ -1,6 +1,6 @@
 import sys
 
-from harness.entry import run
+from harness.entry import run_command
 from harness.verify import main
 
-sys.exit(run(main))
+sys.exit(run_command(main))

@@ -10,7 +10,7 @@ Before harness.rounds, TRL was handed arm.steps_per_generation unconverted (TRL 
 accumulation 2, TRL generated once per micro-batch (other samples, another update) and with num_iterations=2
 it trained on the same half batch twice within one step with a ratio of exactly 1.
 
-Runs are in-process (`lifecycle.execute` of a composed plan, as a one-process sweep runs its jobs) and share
+Runs are in-process (`lifecycle.run_with_prerequisites` of a composed plan, as a one-process sweep runs its jobs) and share
 one output root, so the SFT warm start (debug=tiny: 60 steps, enough for reward differences within a group)
 is trained once. Spies on TRL's private loss inputs record what each optimizer step trained on.
 """
@@ -81,10 +81,10 @@ def spy(monkeypatch):
 
 def run(out: Path, *overrides: str) -> Path:
     from harness.cli import compose_plan
-    from harness.lifecycle import execute
+    from harness.lifecycle import run_with_prerequisites
 
     plan = compose_plan([f"output_root={out}", *BASE, *overrides])
-    assert execute(plan) == 0
+    assert run_with_prerequisites(plan) == 0
     return Path(plan.run_dir)
 
 
@@ -424,7 +424,7 @@ def test_the_training_loops_collection_skips_what_was_alive_before_the_run(out, 
     from accelerate import Accelerator
 
     from harness.cli import compose_plan
-    from harness.lifecycle import execute
+    from harness.lifecycle import run_with_prerequisites
 
     seen: list[int] = []
     free_memory = Accelerator.free_memory
@@ -436,6 +436,6 @@ def test_the_training_loops_collection_skips_what_was_alive_before_the_run(out, 
     monkeypatch.setattr(Accelerator, "free_memory", recording)
     plan = compose_plan([f"output_root={out}", *BASE, "arm=grpo", "budget.max_steps=1"])
     shutil.rmtree(plan.run_dir, ignore_errors=True)  # the run's stages run, even after another test ran it
-    assert execute(plan) == 0
+    assert run_with_prerequisites(plan) == 0
     assert seen and all(n > 100_000 for n in seen), seen
     assert gc.get_freeze_count() == 0

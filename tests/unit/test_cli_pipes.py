@@ -40,11 +40,11 @@ def test_a_closed_pipe_ends_every_command_quietly(module, args):
 @pytest.mark.parametrize("module", ["harness.eval", "harness.verify", "harness.report", "harness.port", "harness.data"])
 def test_every_entry_point_runs_through_the_wrapper(module):
     """argparse's own --help swallows the closed pipe (exit 0); every entry point's __main__ still runs its main
-    through harness.entry.run, the one place that turns a closed pipe into a quiet 141."""
+    through harness.entry.run_command, the one place that turns a closed pipe into a quiet 141."""
     proc = _closed_reader(module, "--help")
     assert proc.returncode in (0, CLOSED_PIPE_EXIT) and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     main = REPO / module.replace(".", "/") / "__main__.py"
-    assert "run(main)" in main.read_text()
+    assert "run_command(main)" in main.read_text()
 
 
 def test_a_dataset_identity_piped_into_a_closed_reader(tmp_path):

@@ -36,10 +36,10 @@ def test_the_lifecycle_sets_up_trains_finalizes_and_always_cleans_up(tmp_path, m
         monkeypatch.setattr(Run, name, method(name))
     monkeypatch.setattr(Run, "finalize", method("finalize", {"completion": True}))
     if fails is None:
-        assert lifecycle.run_stages(_plan(), _run_dir(tmp_path)) == {"completion": True}
+        assert lifecycle.run_recipe(_plan(), _run_dir(tmp_path)) == {"completion": True}
     else:
         with pytest.raises(RuntimeError, match=fails):
-            lifecycle.run_stages(_plan(), _run_dir(tmp_path))
+            lifecycle.run_recipe(_plan(), _run_dir(tmp_path))
     steps = ["setup", "train", "finalize"]
     assert calls == steps[: steps.index(fails) + 1 if fails else 3] + ["cleanup"]
 

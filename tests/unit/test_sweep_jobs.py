@@ -1,7 +1,7 @@
 """What a multirun sweep records of each job (<sweep dir>/jobs/<num>.json, read by the sweep summary): a job ended
 by SIGTERM is `interrupted` with exit 143 (its run resumable, and the sweep stops there), a pause is `paused`, an
 exception is `failed` with the error (and the sweep goes on). The job goes through harness.cli's sweep entry
-(harness.sweep.run_job) and the
+(harness.sweep.run_sweep_job) and the
 real lifecycle (plan, claim, the manifest's status); only the run's stages are replaced by how the job ends."""
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def job(compose_cfg, tmp_path, monkeypatch):
     monkeypatch.setattr(logging.getLogger("harness"), "handlers", [logging.NullHandler()])
 
     def _job(ends):
-        monkeypatch.setattr(lifecycle, "run_stages", lambda plan, run, parent_s=0.0: ends())
+        monkeypatch.setattr(lifecycle, "run_recipe", lambda plan, run, parent_s=0.0: ends())
         try:
             outcome = cli._entry(cfg)  # hydra.main hands a given config straight to the job function
         except SystemExit as exc:
