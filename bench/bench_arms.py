@@ -31,7 +31,7 @@ def _setup(arm: str, overrides: list[str], root: str):
     from harness.cli import compose_plan
     from harness.data import ensure_synthetic, load_split
     from harness.data.spec import synthetic_args
-    from harness.lifecycle import run_prerequisite
+    from harness.run.lifecycle import run_prerequisite
 
     plan = compose_plan([f"arm={arm}", f"output_root={root}", *overrides])
     d = plan.cfg.data
@@ -55,8 +55,8 @@ def _trial(arm: str, plan, data: Path, rows: list[dict], init: Path, steps: int,
     from harness.accounting.ledger import HarnessReward
     from harness.accounting.ledger import provenance_of
     from harness.eval.during import plan_rewards
-    from harness.stages.resume import ResumePoint
-    from harness.stages.train import open_logs
+    from harness.run.stages.resume import ResumePoint
+    from harness.run.stages.train import open_logs
     from harness.trainsets import rl_dataset
 
     run_dir = scratch / arm

@@ -19,7 +19,7 @@ Each round times two kinds of work, on each side, harness first in odd rounds an
                        retention (keep_last=1)
               bare:    Trainer._save_checkpoint alone (model, optimizer, scheduler, RNG, trainer state)
   resume      harness: harness_resume() below: CheckAhead (the deep check's thread) and the model build, then
-                       harness.stages.resume.find (what the thread has not hashed by then is left to
+                       harness.run.stages.resume.find (what the thread has not hashed by then is left to
                        ResumePoint.confirm), the strict full-weight load (tuning=full; only where
                        needs_strict_load says so, if resume.py has it), the Trainer's loads in its order, confirm
                        and the resume audit's digests (ResumeAuditCallback: on_train_begin between the optimizer
@@ -90,7 +90,7 @@ def _lap(laps: dict, name: str, t0: float) -> float:
 
 def harness_checkpoint(trainer, run_dir: Path, step: int) -> dict[str, float]:
     """The Trainer's save of checkpoint-<step>, then CheckpointCallback.on_save's additions as rank 0 of one
-    process does them (harness/checkpoint_callback.py), with the digests a recorder took during the save where the
+    process does them (harness/run/checkpoint_callback.py), with the digests a recorder took during the save where the
     harness has one. Returns the seconds of each part."""
     from harness.accounting import checkpoint as ckpt
     from harness.accounting import statedigest
@@ -136,11 +136,11 @@ def build_policy(base: Path):
 
 
 def harness_resume(trainer, run_dir: Path, step: int, whole: bool = True) -> dict[str, float]:
-    """What a resumed harness run does with its newest checkpoint, in its order (harness/recipe.py Run.setup:
-    CheckAhead, the model stage, find; harness/stages/train.py audit_the_resume with tuning=full, then Trainer.train's loads
-    and the audit's callbacks). `whole=False`: from find on (no model build; the deep check not overlapped)."""
-    from harness.audit import ResumeAuditCallback
-    from harness.stages import resume
+    """What a resumed harness run does with its newest checkpoint, in its order (harness/run/recipe.py Run.setup:
+    CheckAhead, the model stage, find; harness/run/stages/train.py audit_the_resume with tuning=full, then
+    Trainer.train's loads and the audit's callbacks). `whole=False`: from find on (no model build; the deep check not overlapped)."""
+    from harness.run.audit import ResumeAuditCallback
+    from harness.run.stages import resume
 
     laps: dict[str, float] = {}
     t = time.perf_counter()
@@ -323,15 +323,15 @@ def main() -> None:
     rounds = args.rounds
 
     import common
-    import harness.audit  # noqa: F401  first imports are nobody's cost: not in round 1
-    import harness.stages.resume  # noqa: F401
+    import harness.run.audit  # noqa: F401  first imports are nobody's cost: not in round 1
+    import harness.run.stages.resume  # noqa: F401
     import transformers
     from harness.accounting import checkpoint, statedigest  # noqa: F401
 
     common.quiet()
     transformers.logging.set_verbosity_error()
     recorder = recording.__module__ if recording.__module__ != __name__ else "none (state and files hashed apart)"
-    print(f"{common.machine()}; harness {Path(harness.audit.__file__).parent}; recorder: {recorder}", flush=True)
+    print(f"{common.machine()}; harness {Path(harness.run.audit.__file__).parent}; recorder: {recorder}", flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-checkpoint-", dir=args.tmp) as tmp:
         results = {size: bench_size(size, rounds, Path(tmp)) for size in sizes}
     first = results["0.5b"]

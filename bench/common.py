@@ -38,7 +38,7 @@ class Trial:
 def harness_trial(plan, kind: str = "harness") -> Trial:
     """Run the plan through the harness (its parent complete), from a fresh run dir; the run dir is removed."""
     from harness.accounting.logs import read_rows
-    from harness.lifecycle import run_with_prerequisites
+    from harness.run.lifecycle import run_with_prerequisites
 
     run_dir = Path(plan.run_dir)
     shutil.rmtree(run_dir, ignore_errors=True)

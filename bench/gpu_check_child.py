@@ -113,8 +113,8 @@ def bare_job(job: dict, scratch: Path) -> dict:
     from harness.data import load_split
     from harness.models import special_token_ids_to_suppress
     from harness.policy import apply_tuning, build_base, device_of, eos_token_ids, load_policy
-    from harness.stages.data import dataset_root
-    from harness.stages.policy import rows_past_the_tokenizer
+    from harness.run.stages.data import dataset_root
+    from harness.run.stages.policy import rows_past_the_tokenizer
     from harness.trainsets import rl_dataset
 
     plan = compose_plan(job["overrides"])
@@ -210,7 +210,7 @@ def trials(spec_path: str, results_path: str) -> int:
     import trl  # noqa: F401
 
     import arms.grpo.trainer  # noqa: F401
-    import harness.lifecycle  # noqa: F401
+    import harness.run.lifecycle  # noqa: F401
 
     go, parent = os.environ.get("GPU_CHECK_GO"), os.getppid()
     if go:

@@ -7,8 +7,8 @@ Runs `python -m harness debug=tiny <overrides>` made long: budget.max_steps=--st
 the plan's worst case for those steps (so max_steps binds, not the budget) and a checkpoint every --early/2 steps
 (debug=tiny's every 2 is slow; both measured steps have seen checkpoint saves). Two subprocesses of this script:
 the first runs the SFT warm start (and builds the data and the tiny model), so its memory is not the RL run's;
-the second composes the plan with harness.cli.compose_plan and runs harness.lifecycle.run_with_prerequisites, with
-harness.stages.train.build wrapped at run time (nothing in the repository is patched) to add a callback that
+the second composes the plan with harness.cli.compose_plan and runs harness.run.lifecycle.run_with_prerequisites, with
+harness.run.stages.train.build wrapped at run time (nothing in the repository is patched) to add a callback that
 samples, at every step end, the current RSS (VmRSS) and the peak (getrusage ru_maxrss). Prints both at step
 --early and --steps, the RSS every --early steps and its slope, and last `ratio=<peak(steps)/peak(early)>`;
 goal <= 1.10 (no per-step state accumulates). --quick: 200 vs 25 steps (same proportions). --tracemalloc also
@@ -56,14 +56,14 @@ def child(phase: str, result: Path, argv: list[str], early: int, late: int, trac
     setup_logging()
     plan = compose_plan(argv)
     if phase == "parent":
-        from harness.lifecycle import run_prerequisite
+        from harness.run.lifecycle import run_prerequisite
 
         if plan.parent is not None:
             run_prerequisite(plan.parent)
         result.write_text(json.dumps({"ok": True}))
         return
 
-    import harness.stages.train as train_stage
+    import harness.run.stages.train as train_stage
     from transformers import TrainerCallback
 
     samples: list[list[int]] = []  # [step, VmRSS kB, peak kB]
@@ -103,7 +103,7 @@ def child(phase: str, result: Path, argv: list[str], early: int, late: int, trac
 
 
 def execute_fresh(plan) -> int:
-    from harness.lifecycle import run_with_prerequisites
+    from harness.run.lifecycle import run_with_prerequisites
 
     if os.path.isdir(plan.run_dir):
         shutil.rmtree(plan.run_dir)  # this bench's own run (its overrides); an old one would resume or be complete

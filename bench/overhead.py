@@ -56,7 +56,7 @@ def main() -> None:
                 "budget.max_completion_tokens=100000000"]
         base = [*head, f"budget.max_steps={steps}", *args.overrides]
         plans = {"harness": compose_plan([*base, *STOCK_PATHS]), "harness*": compose_plan(base)}
-        from harness.lifecycle import run_prerequisite
+        from harness.run.lifecycle import run_prerequisite
 
         run_prerequisite(plans["harness*"].parent)  # the SFT warm start, once (not timed)
         warm = compose_plan([*head, "budget.max_steps=2", *args.overrides])

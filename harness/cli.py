@@ -77,7 +77,7 @@ def run_plan(plan) -> int:
 
         if needs_launch(plan):
             return launch(plan)
-        from harness.lifecycle import run_with_prerequisites
+        from harness.run.lifecycle import run_with_prerequisites
 
         return run_with_prerequisites(plan)
     except OSError as exc:  # a full disk, a read-only or unwritable directory mid-run: which field, why, the fix

@@ -38,7 +38,7 @@ def _noop(signum, frame) -> None:  # the watcher thread does the work (woken thr
 class StackDumps:
     """For the whole run: SIGUSR1 dumps this rank's stacks. During training, with `hang_timeout_s`, so does a step
     that takes too long: `arm()` at the start of training, `step_done()` after every step, `disarm()` at its end
-    (harness.callbacks.WatchdogCallback)."""
+    (harness.run.callbacks.WatchdogCallback)."""
 
     def __init__(self, run_dir: Path | str, rank: int, hang_timeout_s: float | None = None):
         self.folder = Path(run_dir) / "diagnostics"

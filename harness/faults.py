@@ -18,7 +18,7 @@ makes the n-th time (1-based, default 1) this process reaches the named point do
 The points (`<kind>` is sft or rl: the SFT warm start and the RL run share a process):
 
     <kind>.start            the run dir is claimed, before its data and model
-    <kind>.check_ahead      the resume's deep check thread starts (harness.stages.resume.CheckAhead)
+    <kind>.check_ahead      the resume's deep check thread starts (harness.run.stages.resume.CheckAhead)
     <kind>.step             the end of an optimizer step (before its checkpoint is saved)
     <kind>.checkpoint       inside a checkpoint save: the Trainer's files written, harness_checkpoint.json not yet
     <kind>.final_policy     final_policy written to its temp dir, not yet renamed

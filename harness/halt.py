@@ -15,7 +15,7 @@
 
 Outside training (data, model build, evals) the signals keep their default behaviour: nothing there is
 half-written (every file is written atomically) and the run resumes from its newest checkpoint.
-Torch-free; the callback that acts on it is harness.callbacks.HaltCallback.
+Torch-free; the callback that acts on it is harness.run.callbacks.HaltCallback.
 """
 
 from __future__ import annotations

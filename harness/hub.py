@@ -6,7 +6,7 @@ or `hf auth login`), or no answer from the Hub (`hub_reachable`: one HTTPS reque
 tests replace it to plan an accepted push). A token the Hub would reject is found only by the push itself.
 
 The push (`push_final_policy`) runs after the final eval and the model card, before completion.json
-(harness.stages.finalize.publish_policy): a failed push leaves the run unfinished, and the same command,
+(harness.run.stages.finalize.publish_policy): a failed push leaves the run unfinished, and the same command,
 resuming from the final checkpoint, pushes again. training_args.bin (a pickle, flagged by the Hub) stays home.
 """
 

@@ -16,7 +16,7 @@ lives here, one method each, and the planner and the run path ask the kind inste
                         only, no state of its own
 
 What a run of the kind does (its logs and counters opened, its datasets, what it reads from its trainer,
-completion.json's budget fields and learning signal) is harness.stages.kind's.
+completion.json's budget fields and learning signal) is harness.run.stages.kind's.
 
 Torch-free, and light: it imports only what answers at plan time (the data spec, the generation round, the
 reward's identity), so the arms' registry (arms.common.ArmSpec) can hold its objects.

@@ -17,7 +17,7 @@ regenerates every `steps_per_generation x num_iterations` of them), so the harne
 `steps_per_generation x gradient_accumulation_steps`, and a per-device batch of one micro-batch.
 
 Every reader of these semantics goes through `GenerationRound`: the TRL mapping (arms.grpo), the
-plan checks (harness.config.checks), the budget callback and completion ids (harness.callbacks,
+plan checks (harness.config.checks), the budget callback and completion ids (harness.run.callbacks,
 harness.accounting.ledger), papo's mask seeds and evi_po's view owners (arms/). Torch-free.
 """
 

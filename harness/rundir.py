@@ -30,7 +30,7 @@ from harness import faults
 
 MANIFEST = "run_manifest.json"
 log = logging.getLogger("harness")
-COMPLETION = "completion.json"  # written last, by harness.stages.finalize
+COMPLETION = "completion.json"  # written last, by harness.run.stages.finalize
 
 
 def completion_kind(completion: dict) -> str:

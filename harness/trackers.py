@@ -15,7 +15,7 @@ into the run's TensorBoard events). Rank 0 only.
 The trackio run of a harness run (logger.trackio) has the same name, group and config (the tags are in its config:
 trackio has none). Its database is `<TRACKIO_DIR>/<logger.trackio_project>.db`, TRACKIO_DIR defaulting to
 `<output_root>/trackio`: every run under one output_root (a sweep's) side by side in one dashboard. The
-harness's TrackioCallback (harness.callbacks) logs every step's row, eval/* and budget/* at the end, as for W&B.
+harness's TrackioCallback (harness.run.callbacks) logs every step's row, eval/* and budget/* at the end, as for W&B.
 A resumed run continues its trackio run (resume="allow"); steps logged after the checkpoint it resumes from
 appear twice.
 """

@@ -139,10 +139,10 @@ def tiny(tmp_path_factory) -> TinyRuns:
 
 
 def resume_decision(plan, run: Path, ahead=None):
-    """What a run resumes from in the end (harness.recipe.Run without its training): find, then the
+    """What a run resumes from in the end (harness.run.recipe.Run without its training): find, then the
     deep check it left to the thread (ResumePoint.confirm, which the run calls after the loads), and find again
     when that check finds the chosen checkpoint damaged."""
-    from harness.stages.resume import CheckpointDamaged, find
+    from harness.run.stages.resume import CheckpointDamaged, find
 
     point = find(plan, run, ahead)
     try:

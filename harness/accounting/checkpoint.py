@@ -82,7 +82,7 @@ def checkpoint_problems(ckpt_dir: Path, *, deep: bool = True, identity: dict | N
                         digest=digest_on_disk) -> list[str]:
     """Why a checkpoint does not count (empty when it is complete and intact). With the run's `identity` (its
     manifest's), also a checkpoint of another run: another semantic config, dataset or model. `digest(path,
-    algorithm)`: the file's digest on disk (harness.stages.resume.CheckAhead: taken ahead, on a thread), or None
+    algorithm)`: the file's digest on disk (harness.run.stages.resume.CheckAhead: taken ahead, on a thread), or None
     where it is not known yet (that file is then not judged here)."""
     mpath = ckpt_dir / CHECKPOINT_MANIFEST
     if not mpath.is_file():
@@ -104,7 +104,7 @@ def checkpoint_problems(ckpt_dir: Path, *, deep: bool = True, identity: dict | N
         elif deep:
             algorithm, want = recorded_digest(meta)
             got = digest(p, algorithm)
-            if got is not None and got != want:  # None: not known yet (harness.stages.resume.find: confirmed later)
+            if got is not None and got != want:  # None: not known yet (harness.run.stages.resume.find: confirmed later)
                 out.append(f"{ckpt_dir.name}/{rel}: {algorithm} differs from the recorded digest")
     return out
 

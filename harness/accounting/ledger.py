@@ -98,7 +98,7 @@ class HarnessReward:
             ctx.tokens_used += len(ids)
             ctx.completions += 1
             rewards.append(tr.total)
-        ctx.round_rows = (step, rows)  # the learning-signal monitor's view of this round (harness.learning)
+        ctx.round_rows = (step, rows)  # the learning-signal monitor's view of this round (harness.run.learning)
         ctx.ledger.flush()
         if self._held is not None:
             self._held, self._missing = rows, set(range(n))

@@ -136,7 +136,7 @@ class ArmConfig:
         return {}
 
     def reward_free_terms(self) -> list[str] | None:
-        """The learning-signal monitor (harness.learning): the arm's active loss terms that move the policy without
+        """The learning-signal monitor (harness.run.learning): the arm's active loss terms that move the policy without
         the reward's group advantages (papo's KL_prcp, evi_po's direction term), [] when the reward's advantages are
         the whole update (GRPO with beta 0), None when the monitor does not apply (an update that is not driven by
         the reward, e.g. opd's divergence to its teacher)."""

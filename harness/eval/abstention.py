@@ -1,5 +1,5 @@
 """An eval whose policy abstains everywhere: the rule, the sentence and the fix. Torch-free, no imports: the
-console summary printed at the end of every run (harness.lifecycle) and the report (harness.report.signal) both
+console summary printed at the end of every run (harness.run.lifecycle) and the report (harness.report.signal) both
 use it.
 
 - `abstains_everywhere(block)`: an eval block (eval/<split>.json, completion.json's eval_after / eval_before) whose

@@ -148,7 +148,7 @@ def existing(job: SimpleNamespace, force: bool) -> dict | None:
 
 def check_data(job: SimpleNamespace) -> Path:
     """The run's dataset root, validated and checked to be the one the run trained on; torch-free."""
-    from harness.stages.data import prepare
+    from harness.run.stages.data import prepare
 
     return prepare(job.cfg, job.manifest["identity"]["data"], run_dir=str(job.run_dir),
                    fix="restore the dataset to the data the run trained on, or train a new run on the changed "
@@ -176,7 +176,7 @@ def evaluate(job: SimpleNamespace) -> dict:
     model, processor = load_policy(job.policy_path, base_path=ident["model"].get("base_path"), trainable=False,
                                    model_cfg=m)
     imagecache.install(processor, m.image_cache_mb)
-    from harness.stages.policy import fast_vision, never_sampled
+    from harness.run.stages.policy import fast_vision, never_sampled
 
     fast_vision(model, processor, m)  # the same, bit for bit, in a no-grad eval
     plan = SimpleNamespace(run_name=job.manifest["run_name"], identity=ident, config=c)

@@ -1,5 +1,5 @@
 """The evals a run makes around training: before it (RL arms, fresh runs: the init policy), periodic ones
-(train.eval_steps: the PeriodicEvalCallback's scorer) and the final eval's scorer (harness.stages.finalize);
+(train.eval_steps: the PeriodicEvalCallback's scorer) and the final eval's scorer (harness.run.stages.finalize);
 and the reuse of an SFT warm start's final eval as the eval before when it scored the same weights with the
 same settings. Torch-free at import (the model work is imported inside the functions)."""
 
@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from harness import dist
 
 if TYPE_CHECKING:
-    from harness.callbacks import RunContext
+    from harness.run.callbacks import RunContext
     from harness.policy import Policy
 
 log = logging.getLogger("harness")
@@ -76,7 +76,7 @@ def periodic_eval(plan, run_dir: Path, data, policy: Policy, ctx: RunContext, *,
     from harness.eval.greedy import write_eval
 
     def evaluate(step: int):
-        ref = f"checkpoint-{step}"  # the weights digest is added at save time (harness.callbacks)
+        ref = f"checkpoint-{step}"  # the weights digest is added at save time (harness.run.callbacks)
         return score_policy(plan, data, policy, label=ref, policy_ref=ref, policy_sha256=None)
 
     return PeriodicEvalCallback(ctx, plan.cfg.train.eval_steps, evaluate=evaluate,
@@ -104,7 +104,7 @@ def eval_before(plan, run_dir: Path, data, policy: Policy, *, resumed: bool) -> 
         return {}
     out = {}
     if dist.is_main():
-        from harness.learning import at_ceiling
+        from harness.run.learning import at_ceiling
 
         out["before"] = (reuse_parent_eval(plan, run_dir, data, policy)
                          or eval_policy(plan, run_dir, data, policy, label="before", policy_ref=policy.init["path"],

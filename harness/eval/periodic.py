@@ -13,7 +13,7 @@ from pathlib import Path
 from transformers import TrainerCallback
 
 from harness import dist
-from harness.callbacks import RunContext, training_ends_here
+from harness.run.callbacks import RunContext, training_ends_here
 
 log = logging.getLogger("harness")
 

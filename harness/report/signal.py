@@ -119,7 +119,7 @@ def _cause(found: dict) -> str:
 
 
 def measured_causes(conditions: list) -> list[str]:
-    """For each condition with runs whose completion.json says the reward gave no update (harness.learning), what
+    """For each condition with runs whose completion.json says the reward gave no update (harness.run.learning), what
     they measured: "`grpo` (seeds 0, 1): no update from the reward from step 1 to the end (...)"."""
     out = []
     for c in conditions:

@@ -1,4 +1,4 @@
-"""The invariants harness.verify checks against completion.json (harness.stages.finalize writes it, last).
+"""The invariants harness.verify checks against completion.json (harness.run.stages.finalize writes it, last).
 Torch-free.
 
 For an RL run: the sum of ledger tokens equals realized_completion_tokens <= completion_token_ceiling;

@@ -247,7 +247,7 @@ def test_damage_is_named_by_verify_and_decided_by_the_resume(base, killed, tmp_p
     from harness.errors import RunDirStateError
     from harness.rundir import claim
     from harness import faults
-    from harness.stages.resume import CheckAhead, find
+    from harness.run.stages.resume import CheckAhead, find
     from tests.conftest import resume_decision
 
     out, run, found, resumes = _damaged_copy(killed, tmp_path, damage)

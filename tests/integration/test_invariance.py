@@ -81,7 +81,7 @@ def spy(monkeypatch):
 
 def run(out: Path, *overrides: str) -> Path:
     from harness.cli import compose_plan
-    from harness.lifecycle import run_with_prerequisites
+    from harness.run.lifecycle import run_with_prerequisites
 
     plan = compose_plan([f"output_root={out}", *BASE, *overrides])
     assert run_with_prerequisites(plan) == 0
@@ -417,14 +417,14 @@ def test_periodic_eval_changes_nothing_and_binds_to_kept_checkpoints(out, arm):
 def test_the_training_loops_collection_skips_what_was_alive_before_the_run(out, monkeypatch):
     """transformers' Trainer runs a full garbage collection before its training loop (accelerate's free_memory:
     0.29 s of a 20-step tiny run, a scan of ~500k objects of torch, transformers and TRL). In a run
-    (harness.lifecycle.run_objects) the objects alive before it are frozen then, and nothing is frozen after."""
+    (harness.run.lifecycle.run_objects) the objects alive before it are frozen then, and nothing is frozen after."""
     import gc
     import shutil
 
     from accelerate import Accelerator
 
     from harness.cli import compose_plan
-    from harness.lifecycle import run_with_prerequisites
+    from harness.run.lifecycle import run_with_prerequisites
 
     seen: list[int] = []
     free_memory = Accelerator.free_memory

@@ -1,4 +1,4 @@
-"""A run that cannot learn says so (harness.learning): in the console, in completion.json and in the metrics rows.
+"""A run that cannot learn says so (harness.run.learning): in the console, in completion.json and in the metrics rows.
 
 Two real runs of the tiny VLM, each with a cheap eval (8 views):
 - GRPO from scratch (random weights): not one completion is a well-formed answer, every reward is the format

@@ -1,4 +1,4 @@
-"""The non-finite guard (harness.callbacks.NonFiniteCallback): a step whose gradient is NaN (injected through
+"""The non-finite guard (harness.run.callbacks.NonFiniteCallback): a step whose gradient is NaN (injected through
 HARNESS_TEST_NONFINITE_STEPS) is not applied (neither the optimizer's nor the scheduler's step), is counted in
 metrics, checkpoints and completion.json, and the count survives a resume; over train.max_nonfinite_steps the run
 stops with a clear error and its newest checkpoint intact. A non-finite reward weight is refused at plan time."""
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from harness.accounting.logs import read_rows
-from harness.callbacks import NONFINITE_TEST_ENV
+from harness.run.callbacks import NONFINITE_TEST_ENV
 from tests.conftest import run_harness
 
 ARGS = ["debug=tiny", "arm.init=scratch", "budget.max_completion_tokens=4096"]  # 8 GRPO steps, a checkpoint every 2

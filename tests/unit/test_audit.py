@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from harness.audit import ResumeAuditCallback, ResumeAuditError
+from harness.run.audit import ResumeAuditCallback, ResumeAuditError
 from harness.accounting.statedigest import state_digests
 
 

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 from transformers import TrainerControl, TrainerState
 
-from harness.callbacks import BudgetCallback, RunContext
+from harness.run.callbacks import BudgetCallback, RunContext
 from harness.rounds import GenerationRound
 
 

@@ -12,8 +12,8 @@ import pytest
 
 from harness.accounting.checkpoint import CHECKPOINT_MANIFEST
 from harness.accounting.logs import ledger_path, read_rows
-from harness.stages.resume import ResumePoint
-from harness.stages.train import open_logs
+from harness.run.stages.resume import ResumePoint
+from harness.run.stages.train import open_logs
 from tests.unit.trainer_sim import Ranks, train
 
 CEILING = 2000  # budget.max_completion_tokens: a share of 1000 per rank

@@ -8,8 +8,9 @@ from types import SimpleNamespace
 
 from tqdm.auto import tqdm
 
-from harness import callbacks, kinds
-from harness.callbacks import MetricsCallback, RunContext, console_line
+from harness import kinds
+from harness.run import callbacks
+from harness.run.callbacks import MetricsCallback, RunContext, console_line
 from harness.log import BarSafeHandler
 
 

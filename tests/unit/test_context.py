@@ -1,4 +1,4 @@
-"""The run context (harness.context) has one builder and, per field, one writer: the file WRITTEN_BY names.
+"""The run context (harness.run.context) has one builder and, per field, one writer: the file WRITTEN_BY names.
 
 Read from the sources: every assignment to a RunContext field through a context (`ctx.X = ...`, `c.X += ...`,
 `self.ctx.X = ...`, tuple targets too) in harness/ and arms/, and every `RunContext(...)` call."""
@@ -9,11 +9,11 @@ import ast
 import dataclasses
 from collections import defaultdict
 
-from harness.context import WRITTEN_BY, RunContext
+from harness.run.context import WRITTEN_BY, RunContext
 from tests.conftest import REPO
 
 CONTEXT_NAMES = {"ctx", "c", "context"}  # what the harness calls a RunContext in a function
-BUILDER = "harness/stages/train.py"
+BUILDER = "harness/run/stages/train.py"
 
 
 def _is_context(node: ast.AST) -> bool:
@@ -58,7 +58,7 @@ def test_every_field_of_the_run_context_has_its_one_writer():
     assert builders == {BUILDER}, f"RunContext is built in {sorted(builders)}: only {BUILDER} builds it"
     assert set(WRITTEN_BY) == {f.name for f in dataclasses.fields(RunContext)}, "WRITTEN_BY names every field"
     wrong = {k: sorted(v) for k, v in found.items() if v != ({WRITTEN_BY[k]} if WRITTEN_BY[k] != "-" else set())}
-    assert not wrong, f"fields written outside their one writer (harness.context.WRITTEN_BY): {wrong}"
+    assert not wrong, f"fields written outside their one writer (harness.run.context.WRITTEN_BY): {wrong}"
     # every named writer does write its field (the map says where to look, not where one might)
     unused = {k: w for k, w in WRITTEN_BY.items() if w != "-" and k not in found}
     assert not unused, unused

@@ -194,7 +194,7 @@ def test_the_training_split_is_the_runs(leaky, tmp_path):
 def test_a_run_refuses_it_unless_data_allow_split_overlap(plan_of, leaky, tmp_path, caplog):
     """The data stage of a run (and of `python -m harness.eval`) passes the plan's flag; the flag is not semantic, so
     it moves neither the semantic hash nor the run name."""
-    from harness.stages.data import prepare
+    from harness.run.stages.data import prepare
 
     plan = plan_of("data=jsonl", f"data.path={leaky}", "debug=tiny")
     with pytest.raises(DataContractError, match="data.allow_split_overlap=true"):

@@ -17,10 +17,10 @@ from transformers import TrainerControl, TrainerState
 from harness import rundir
 from harness.accounting.checkpoint import CHECKPOINT_MANIFEST
 from harness.accounting.logs import ledger_path, read_rows
-from harness.callbacks import HaltCallback, RunContext
+from harness.run.callbacks import HaltCallback, RunContext
 from harness.halt import Halt, Halted
-from harness.stages.resume import find
-from harness.stages.train import already_paused
+from harness.run.stages.resume import find
+from harness.run.stages.train import already_paused
 from tests.unit.trainer_sim import Ranks, train
 
 

@@ -51,7 +51,7 @@ def test_the_scheduler_handler_is_still_known_after_training_gave_the_handlers_b
     try:
         with Halt() as halt:
             os.kill(os.getpid(), signal.SIGUSR2)
-        then = halt.scheduler_handler()  # after the block, as harness.stages.train asks
+        then = halt.scheduler_handler()  # after the block, as harness.run.stages.train asks
         assert then is not None and calls == []
         then(halt.signum, None)
         assert calls == [signal.SIGUSR2]

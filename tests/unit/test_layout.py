@@ -110,12 +110,12 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                 "arms.grpo", "arms.papo", "arms.evi_po", "arms.sft", "arms.opd")),
     ("plan", ("harness.plan", "harness.rollout")),
     ("artifacts", ("harness.policy", "harness.portable", "harness.card", "harness.eval")),
-    ("training hooks", ("harness.context", "harness.callbacks", "harness.checkpoint_callback", "harness.audit",
-                        "harness.learning",
-                        "harness.loggers")),
+    ("training hooks", ("harness.run", "harness.run.context", "harness.run.callbacks",
+                        "harness.run.checkpoint_callback", "harness.run.audit", "harness.run.learning",
+                        "harness.run.loggers")),
     ("eval", ("harness.eval.greedy", "harness.eval.during", "harness.eval.periodic", "harness.eval.abstention")),
-    ("run", ("harness.stages", "harness.stages.*", "harness.recipe", "harness.lifecycle", "arms.*.trainer",
-             "arms.*.terms", "arms.trl_hooks")),
+    ("run", ("harness.run.stages", "harness.run.stages.*", "harness.run.recipe", "harness.run.lifecycle",
+             "arms.*.trainer", "arms.*.terms", "arms.trl_hooks")),
     ("tools", ("harness.verify", "harness.verify.*", "harness.report", "harness.report.*", "harness.port",
                "harness.port.*", "harness.export", "harness.eval.cli", "harness.eval.__main__", "harness.smoke")),
     ("entry", ("harness.cli", "harness.__main__", "harness.launch", "harness.sweep", "harness.slurm_launcher")),
@@ -155,7 +155,7 @@ def test_imports_point_down_the_layers():
 def test_an_import_up_the_layers_is_found():
     graph = {"harness.plan": {"harness.policy", "harness.kinds"}, "harness.kinds": {"harness.rounds"}}
     assert upward_imports(graph) == ["harness.plan (plan) -> harness.policy (artifacts)"]
-    assert layer_of("arms.grpo.trainer") == layer_of("harness.lifecycle")
+    assert layer_of("arms.grpo.trainer") == layer_of("harness.run.lifecycle")
     assert layer_of("arms.grpo.config") == layer_of("harness.kinds") and layer_of("arms.grpo") == layer_of("arms")
 
 

@@ -1,8 +1,8 @@
-"""The learning-signal monitor's decisions (harness.learning), on hand-made trace rows."""
+"""The learning-signal monitor's decisions (harness.run.learning), on hand-made trace rows."""
 
 from __future__ import annotations
 
-from harness.learning import Monitor, RoundStats, at_ceiling, no_update_cause, rounds_of_rows, summary
+from harness.run.learning import Monitor, RoundStats, at_ceiling, no_update_cause, rounds_of_rows, summary
 
 
 def rows(step: int, groups: list[list[float]], *, well_formed: bool = True, rank_offset: int = 0) -> list[dict]:
@@ -117,7 +117,7 @@ def test_a_resumed_monitor_seeded_from_the_traces_judges_as_an_uninterrupted_one
     import json
 
     from harness.accounting.logs import trace_path
-    from harness.learning import trace_rows
+    from harness.run.learning import trace_rows
 
     plan = [MIXED, FLAT, FLAT, FLAT, FLAT, MIXED]  # per step; rank 0 holds group slot 0.., rank 1 slots 2..
     by_rank = {r: [row for s, g in enumerate(plan) for row in rows(s, g, rank_offset=2 * r)] for r in (0, 1)}

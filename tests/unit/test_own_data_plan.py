@@ -108,7 +108,7 @@ def test_the_warm_start_gate(plan_of, tmp_path):
     """Below budget.sft_warm_start_min_format the RL run stops with the share, the warm start's size and the fix;
     at or above it, RL starts."""
     from harness.errors import WarmStartError
-    from harness.lifecycle import check_warm_start
+    from harness.run.lifecycle import check_warm_start
 
     plan = plan_of("debug=tiny")
     ev = Path(plan.parent.run_dir) / "eval" / "test.json"

@@ -240,7 +240,7 @@ def test_the_preflight_counts_what_the_processor_makes(hub_snapshot, tmp_path, f
 
     from harness.answers import prompt_text
     from harness.models.pretrained import load_processor
-    from harness.stages.preflight import count_tokens
+    from harness.run.stages.preflight import count_tokens
 
     proc = load_processor(hub_snapshot(family), **pixels)
     rows = []
@@ -293,7 +293,7 @@ def test_eos_ids_and_unused_rows_come_from_the_checkpoint(hub_snapshot):
 
     from harness.models.pretrained import load_processor
     from harness.policy import eos_token_ids
-    from harness.stages.policy import rows_past_the_tokenizer
+    from harness.run.stages.policy import rows_past_the_tokenizer
 
     path = hub_snapshot()
     model = AutoModelForImageTextToText.from_pretrained(path)
@@ -343,7 +343,7 @@ MEASURED = {"train": [100, 120, 110], "test": [90, 130], "train_keys": ["a", "b"
 def test_the_preflight_names_the_knob_the_count_and_the_longest_record(kind, context, arm, field, longest):
     from types import SimpleNamespace
 
-    from harness.stages.preflight import check
+    from harness.run.stages.preflight import check
 
     with pytest.raises(ConfigError) as exc:
         check(_preflight_plan(kind, **arm), SimpleNamespace(root=Path("/data")), MEASURED, context)
@@ -356,7 +356,7 @@ def test_the_preflight_names_the_knob_the_count_and_the_longest_record(kind, con
 def test_the_preflight_passes_what_fits_and_says_what_it_measured():
     from types import SimpleNamespace
 
-    from harness.stages.preflight import check, describe, summary
+    from harness.run.stages.preflight import check, describe, summary
 
     plan = _preflight_plan("rl")
     fits = {k: v for k, v in MEASURED.items() if k != "sft_rows"}
@@ -371,7 +371,7 @@ def test_the_preflight_measures_once_per_dataset_and_processor(hub_snapshot, tmp
     from types import SimpleNamespace
 
     from harness.models.pretrained import load_processor
-    from harness.stages import preflight
+    from harness.run.stages import preflight
 
     calls = []
     monkeypatch.setattr(preflight, "_prompts", lambda plan, data, proc: calls.append(1) or {k: v for k, v in MEASURED.items() if k != "sft_rows"})
@@ -417,7 +417,7 @@ def test_the_preflights_memo_gives_what_a_fresh_measurement_gives(hub_snapshot, 
     from PIL import Image
 
     from harness.models.pretrained import load_processor
-    from harness.stages import preflight
+    from harness.run.stages import preflight
 
     rows = []
     for i, (w, h) in enumerate(((56, 56), (448, 448), (100, 37))):
@@ -443,7 +443,7 @@ def test_the_policy_stage_checks_the_prompts_before_it_loads_the_weights(hub_sna
     from harness import kinds
     from harness.config.schema import ModelConfig
     from harness.config.typed import from_json
-    from harness.stages import policy as policy_stage
+    from harness.run.stages import policy as policy_stage
 
     snap = str(hub_snapshot())
     model = {"source": "pretrained", "dtype": "float32", "min_pixels": None, "max_pixels": None}

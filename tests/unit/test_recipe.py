@@ -1,4 +1,4 @@
-"""harness.recipe.Run: the order the lifecycle calls it in, its cleanup on failure, and an attempt whose checkpoint
+"""harness.run.recipe.Run: the order the lifecycle calls it in, its cleanup on failure, and an attempt whose checkpoint
 fails its deep check as it loads dropped for the next one (the whole runs are in tests/integration/test_faults.py)."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from harness import lifecycle
-from harness.recipe import Run
-from harness.stages.resume import CheckpointDamaged
+from harness.run import lifecycle
+from harness.run.recipe import Run
+from harness.run.stages.resume import CheckpointDamaged
 
 
 def _run_dir(tmp_path):

@@ -1,6 +1,6 @@
 """A comparison that carries no signal says so (issue: a new user's first debug=tiny comparison), and the report
 stays readable when conditions coincide or seeds are few: fixture run dirs (tests/unit/test_report.py's make_run)
-with chosen numbers; the run's console summary (harness.lifecycle._summary) with a chosen completion.json."""
+with chosen numbers; the run's console summary (harness.run.lifecycle._summary) with a chosen completion.json."""
 
 from __future__ import annotations
 
@@ -105,7 +105,7 @@ def test_a_policy_that_answers_is_not_flagged_and_one_abstaining_seed_is_named(t
 
 
 def _summary_lines(caplog, comp: dict, rl: bool = True, init: str = "sft") -> str:
-    from harness.lifecycle import _summary
+    from harness.run.lifecycle import _summary
 
     from harness import kinds
 
@@ -163,7 +163,7 @@ def test_conditions_with_identical_accuracy_tokens_and_reward_are_said_to_carry_
 
 
 def test_the_no_signal_note_names_the_cause_each_condition_measured(tmp_path):
-    """Runs whose completion.json says the reward gave no update (harness.learning): the note says what each
+    """Runs whose completion.json says the reward gave no update (harness.run.learning): the note says what each
     condition measured, seed by seed, instead of blaming the model size."""
     root = new_user(tmp_path / "o", abstain=False)
     flat = {"cause": "no_well_formed", "since_step": 1, "recovered_at": None, "completions": 64,

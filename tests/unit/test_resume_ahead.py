@@ -1,4 +1,4 @@
-"""The resume's deep check taken ahead (harness.stages.resume.CheckAhead): the file digests of the newest checkpoints
+"""The resume's deep check taken ahead (harness.run.stages.resume.CheckAhead): the file digests of the newest checkpoints
 are taken on a thread while the data and model stages run, and `find` decides exactly as it does without them.
 
 Also the state digests' threads (statedigest.fill_memo): the digests are the same on 1 thread, 2 or none."""
@@ -16,7 +16,7 @@ import torch
 from harness.accounting import checkpoint as ckpt
 from harness.accounting import statedigest
 from harness.rundir import MANIFEST, atomic_write_json
-from harness.stages import resume
+from harness.run.stages import resume
 
 IDENTITY = {"config_sha256": "0" * 64, "semantic_sha256": "1" * 64, "data": {"sha256": "2" * 64},
             "model": {"sha256": "3" * 64}, "teacher": None, "code": {"sha256": "4" * 64}}

@@ -12,8 +12,8 @@ import pytest
 
 from harness import rundir
 from harness.accounting.logs import ledger_path, read_rows
-from harness.stages.resume import find
-from harness.stages.train import open_logs
+from harness.run.stages.resume import find
+from harness.run.stages.train import open_logs
 from tests.unit.trainer_sim import Ranks, train
 
 CEILING = 2000

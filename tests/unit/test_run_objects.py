@@ -1,4 +1,4 @@
-"""harness.lifecycle.run_objects: during a run the cyclic garbage collector skips what was alive before it
+"""harness.run.lifecycle.run_objects: during a run the cyclic garbage collector skips what was alive before it
 (transformers' Trainer collects before every training loop: 0.29 s of a 20-step tiny run was that scan), and
 when the run ends its own cycles are freed and the collector sees everything again."""
 
@@ -9,7 +9,7 @@ import weakref
 
 import pytest
 
-from harness.lifecycle import run_objects
+from harness.run.lifecycle import run_objects
 
 
 class Node:

@@ -15,7 +15,8 @@ from types import SimpleNamespace
 import pytest
 from hydra.types import RunMode
 
-from harness import cli, lifecycle, sweep
+from harness import cli, sweep
+from harness.run import lifecycle
 from harness.halt import Halted
 
 

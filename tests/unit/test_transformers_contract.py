@@ -1,4 +1,4 @@
-"""The private transformers hooks the resume audit relies on (harness/audit.py, NOTE(trl-1.16)).
+"""The private transformers hooks the resume audit relies on (harness/run/audit.py, NOTE(trl-1.16)).
 
 If an upgrade renames or re-signs it, this fails here instead of the audit silently never
 observing the RNG restore (which would make every resume audit fail with rng.* missing).

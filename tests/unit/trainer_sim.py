@@ -28,11 +28,11 @@ from transformers.trainer_callback import CallbackHandler, DefaultFlowCallback
 from transformers.trainer_utils import IntervalStrategy, SaveStrategy
 
 from harness import dist
-from harness.callbacks import BudgetCallback, HaltCallback, RunContext
-from harness.checkpoint_callback import CheckpointCallback
+from harness.run.callbacks import BudgetCallback, HaltCallback, RunContext
+from harness.run.checkpoint_callback import CheckpointCallback
 from harness.halt import Halt
-from harness.stages.resume import ResumePoint
-from harness.stages.train import open_logs
+from harness.run.stages.resume import ResumePoint
+from harness.run.stages.train import open_logs
 
 Tokens = Callable[[int, int, int], int]  # (rank, sampling step index, local completion index) -> sampled tokens
 

@@ -17,15 +17,15 @@ from harness.faults import point
 from harness.models import imagecache
 from harness.policy import save_final_policy
 from harness.rundir import COMPLETION, RunDir, atomic_write_json, now, read_json
-from harness.stages.kind import kind_run
-from harness.stages.train import Trained
+from harness.run.stages.kind import kind_run
+from harness.run.stages.train import Trained
 
 log = logging.getLogger("harness")
 
 
 def finalize(plan, run: RunDir, data, policy, trained: Trained, started: float, clock) -> dict | None:
     """completion.json's content on rank 0 (written), None on the other ranks. `clock`
-    (harness.recipe.Phases) gets the laps eval_after and finalize; its phases go into completion.json."""
+    (harness.run.recipe.Phases) gets the laps eval_after and finalize; its phases go into completion.json."""
     cfg, ctx, trainer = plan.cfg, trained.ctx, trained.trainer
     save_final_policy(trainer, run.path, base_path=policy.base_path, plan=plan)
     counts = {"rank": ctx.rank, "completion_tokens": ctx.tokens_used, "completions": ctx.completions}
@@ -90,7 +90,8 @@ def write_completion(plan, run, *, ctx, trainer, train_out, evals: dict, wall_s:
     }
     out["world_size"] = len(ranks)
     out.update(kind_run(plan.kind).completion_fields(plan, run.path, ctx, trainer, ranks))  # the budget, checked per rank
-    out.update(kind_run(plan.kind).learning_signal(plan, run.path, len(ranks), out["eval_before"]))  # harness.learning
+    # harness.run.learning
+    out.update(kind_run(plan.kind).learning_signal(plan, run.path, len(ranks), out["eval_before"]))
     publish_policy(plan, run, out)
     clock.lap("finalize")
     out["phases_s"] = clock.as_dict()

@@ -1,5 +1,5 @@
 """The harness's TrainerCallbacks: budget stop, metrics log + console line (checkpoint publishing:
-harness.checkpoint_callback).
+harness.run.checkpoint_callback).
 
 Small and single-purpose (TRL style). They share a RunContext that the train stage builds: the
 run dir, the plan, this rank's ledger / trace / metrics logs and the token counters.
@@ -14,7 +14,7 @@ from transformers import TrainerCallback
 from transformers.trainer_callback import ProgressCallback
 
 from harness import dist
-from harness.context import RunContext  # noqa: F401  (its documented import path)
+from harness.run.context import RunContext  # noqa: F401  (its documented import path)
 from harness.halt import signal_name
 
 log = logging.getLogger("harness")
@@ -49,7 +49,7 @@ class BudgetCallback(TrainerCallback):
 
 
 class SignalCallback(TrainerCallback):
-    """The learning-signal monitor (harness.learning.observe_round) after every step that sampled a round; rank 0
+    """The learning-signal monitor (harness.run.learning.observe_round) after every step that sampled a round; rank 0
     says once when the reward can no longer move the policy. Training goes on (budget parity first)."""
 
     def __init__(self, ctx: RunContext):
@@ -62,7 +62,7 @@ class SignalCallback(TrainerCallback):
         return control
 
     def on_step_end(self, args, state, control, **kwargs):
-        from harness.learning import observe_round
+        from harness.run.learning import observe_round
 
         found = observe_round(self.ctx)
         if found is not None and self.ctx.rank == 0:
@@ -172,7 +172,7 @@ def training_ends_here(ctx: RunContext, state, control) -> bool:
 
 
 class FirstStepCallback(TrainerCallback):
-    """The time to this process's first completed optimizer step (a start phase, harness.recipe.Phases)."""
+    """The time to this process's first completed optimizer step (a start phase, harness.run.recipe.Phases)."""
 
     def __init__(self, clock):
         self.clock, self.done = clock, False

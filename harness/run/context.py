@@ -1,6 +1,6 @@
 """This rank's run context: the run dir, the plan, its logs and the counters the harness's callbacks share.
 
-Built once per attempt at training, restored from the resume point, by `harness.stages.train.open_logs` (the one
+Built once per attempt at training, restored from the resume point, by `harness.run.stages.train.open_logs` (the one
 place that constructs it). After that every field has one writer: the file `WRITTEN_BY` names, and no other
 (tests/unit/test_context.py reads the sources to hold it). A reader who asks "who set this?" looks there.
 """
@@ -23,15 +23,15 @@ WRITTEN_BY = {
     "completions": "harness/accounting/ledger.py",
     "trace_pending": "harness/accounting/ledger.py",
     "round_rows": "harness/accounting/ledger.py",
-    "loss_tokens": "harness/stages/kind.py",  # SFT: read from the built trainer
-    "stopped_by_budget": "harness/callbacks.py",  # BudgetCallback (restored for a final checkpoint)
-    "halted": "harness/callbacks.py",  # HaltCallback
-    "nonfinite_steps": "harness/callbacks.py",  # NonFiniteCallback
-    "nonfinite_abort": "harness/callbacks.py",
-    "step_clock": "harness/callbacks.py",  # MetricsCallback
+    "loss_tokens": "harness/run/stages/kind.py",  # SFT: read from the built trainer
+    "stopped_by_budget": "harness/run/callbacks.py",  # BudgetCallback (restored for a final checkpoint)
+    "halted": "harness/run/callbacks.py",  # HaltCallback
+    "nonfinite_steps": "harness/run/callbacks.py",  # NonFiniteCallback
+    "nonfinite_abort": "harness/run/callbacks.py",
+    "step_clock": "harness/run/callbacks.py",  # MetricsCallback
     "pending_eval": "harness/eval/periodic.py",  # PeriodicEvalCallback
     "eval_s": "harness/eval/periodic.py",
-    "signal_metrics": "harness/learning.py",  # observe_round
+    "signal_metrics": "harness/run/learning.py",  # observe_round
 }
 
 
@@ -58,7 +58,7 @@ class RunContext:
     eval_s: float = 0.0  # seconds of periodic evals in this process (not training time)
     trace_pending: int = 0  # trace rows sampled but held for their loss's fields (HarnessReward.hold_trace)
     round_rows: tuple[int, list] | None = None  # (step, this rank's scored completions) of the last round sampled
-    signal: object | None = None  # harness.learning.Monitor of an RL run whose update the reward drives
+    signal: object | None = None  # harness.run.learning.Monitor of an RL run whose update the reward drives
     signal_metrics: dict | None = None  # the last round's signal/* values for the metrics row
 
     def frontier(self) -> dict:

@@ -1,7 +1,7 @@
 """The train stage: this rank's logs opened at the resume point's frontiers, the init policy evaluated
 (RL arms, fresh runs: harness.eval.during), the arm's TRL trainer built from the registry with the harness
 callbacks (budget, metrics, checkpoints; the resume audit on resume), and trained. The run's loggers are
-opened before and every logger is closed after, also on failure (harness.loggers)."""
+opened before and every logger is closed after, also on failure (harness.run.loggers)."""
 
 from __future__ import annotations
 
@@ -15,18 +15,18 @@ from arms import build_trainer
 from arms.common import BuildContext
 from harness import dist
 from harness.accounting.logs import METRICS_PATH, AppendLog, Frontier
-from harness.callbacks import (BudgetCallback, FirstStepCallback, HaltCallback, MetricsCallback,
+from harness.run.callbacks import (BudgetCallback, FirstStepCallback, HaltCallback, MetricsCallback,
                                NonFiniteCallback, QuietProgressCallback, RunContext, SignalCallback,
                                TrackioCallback, WatchdogCallback)
-from harness.checkpoint_callback import CheckpointCallback
-from harness.context import TrainerLink
+from harness.run.checkpoint_callback import CheckpointCallback
+from harness.run.context import TrainerLink
 from harness.errors import NonFiniteError, Problem
 from harness.diagnostics import StackDumps
 from harness.eval.during import periodic_eval
 from harness.halt import Halt, Halted
 from harness.policy import Policy, device_of
-from harness.stages.kind import kind_run
-from harness.stages.resume import (ResumePoint, load_final_weights, load_full_weights_strictly, needs_strict_load,
+from harness.run.stages.kind import kind_run
+from harness.run.stages.resume import (ResumePoint, load_final_weights, load_full_weights_strictly, needs_strict_load,
                                    stock_resume)
 
 log = logging.getLogger("harness")
@@ -41,7 +41,7 @@ class Trained:
 
 
 def open_logs(plan, run_dir: Path, resume: ResumePoint) -> RunContext:
-    """This rank's RunContext, the one place that builds it (harness.context): metrics (rank 0), ledger and trace
+    """This rank's RunContext, the one place that builds it (harness.run.context): metrics (rank 0), ledger and trace
     (RL) reopened at the checkpoint's frontier, and the counters the checkpoint recorded (no need to re-read the
     ledger)."""
     rank, world = dist.rank(), dist.world_size()
@@ -61,7 +61,7 @@ def build(plan, run_dir: Path, data, policy: Policy, ctx: RunContext, resume: Re
           dumps: StackDumps | None = None, clock=None):
     """The arm's trainer with the harness's callbacks, its counters restored on resume. `halt`: this process's
     stop request (harness.halt), read after every step; `dumps`: the stack dumps whose watchdog every step re-arms;
-    `clock` (harness.recipe.Phases): marked at this process's first optimizer step."""
+    `clock` (harness.run.recipe.Phases): marked at this process's first optimizer step."""
     from transformers.trainer_callback import ProgressCallback
 
     from harness.faults import install_kill_switch
@@ -100,11 +100,11 @@ def build(plan, run_dir: Path, data, policy: Policy, ctx: RunContext, resume: Re
 
 
 def audit_the_resume(plan, trainer, model, resume: ResumePoint, ctx: RunContext) -> None:
-    """On resume: the resume audit (harness.audit) proves every piece of restored state before the first step, and
+    """On resume: the resume audit (harness.run.audit) proves every piece of restored state before the first step, and
     a full fine-tune whose checkpoint names tensors the model does not is loaded strictly first."""
     if resume.checkpoint is None:
         return
-    from harness.audit import ResumeAuditCallback
+    from harness.run.audit import ResumeAuditCallback
 
     audit = ResumeAuditCallback(ctx.run_dir, resume.checkpoint, rank=ctx.rank, confirm=resume.confirm)
     audit.attach(trainer)
@@ -145,7 +145,7 @@ def finish_from_final_checkpoint(plan, trainer, model, resume: ResumePoint, ctx:
     max_steps at step end), so the final weights and state are restored (and audited) for finalize."""
     from transformers import TrainerState
 
-    from harness.audit import ResumeAuditCallback
+    from harness.run.audit import ResumeAuditCallback
 
     checkpoint = resume.checkpoint
     resume.confirm()

@@ -21,7 +21,7 @@ log = logging.getLogger("harness")
 
 class CheckpointDamaged(Exception):
     """The deep check that `find` left to CheckAhead's thread found the chosen checkpoint damaged once the Trainer
-    had begun loading it. Nothing was trained on it: the run goes back to `find` (harness.lifecycle), which now
+    had begun loading it. Nothing was trained on it: the run goes back to `find` (harness.run.lifecycle), which now
     knows, skips it by name and resumes from the checkpoint before it, as it would have with the check done first."""
 
     def __init__(self, checkpoint: str, problems: list[str]):

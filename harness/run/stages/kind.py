@@ -35,7 +35,7 @@ class KindRun:
         raise NotImplementedError
 
     def learning_signal(self, plan, run_path, world: int, eval_before: dict | None) -> dict:
-        """completion.json's `learning_signal` (harness.learning): {} for a kind that samples nothing."""
+        """completion.json's `learning_signal` (harness.run.learning): {} for a kind that samples nothing."""
         return {}
 
 
@@ -76,7 +76,7 @@ class RlRun(KindRun):
         totals = resume.totals(rank)
         signal = self._monitor(plan)
         if signal is not None and resume.checkpoint is not None:  # the window goes on from the checkpoint's
-            from harness.learning import rounds_of_rows, trace_rows
+            from harness.run.learning import rounds_of_rows, trace_rows
 
             for r in rounds_of_rows(trace_rows(run_dir, world, before_step=resume.manifest["step"])):
                 signal.observe(r)
@@ -88,7 +88,7 @@ class RlRun(KindRun):
     def _monitor(plan):
         """The learning-signal monitor of this plan, None where the reward does not drive the update (opd)."""
         from harness.config.schema import BUILTIN_REWARD
-        from harness.learning import Monitor
+        from harness.run.learning import Monitor
 
         cfg = plan.cfg
         extra = cfg.arm.reward_free_terms()
@@ -99,7 +99,7 @@ class RlRun(KindRun):
 
     def learning_signal(self, plan, run_path, world: int, eval_before: dict | None) -> dict:
         from harness.accounting.logs import METRICS_PATH, read_rows
-        from harness.learning import at_ceiling, rounds_of_rows, summary, trace_rows
+        from harness.run.learning import at_ceiling, rounds_of_rows, summary, trace_rows
 
         mon = self._monitor(plan)
         out = {}

@@ -251,7 +251,7 @@ def finding_fix(f: dict) -> str:
 
 
 def observe_round(ctx) -> dict | None:
-    """After an optimizer step (harness.callbacks.SignalCallback): the round this step sampled, if any (the reward
+    """After an optimizer step (harness.run.callbacks.SignalCallback): the round this step sampled, if any (the reward
     function left it in `ctx.round_rows`) and the monitor has not seen it, gathered from every rank (the same merged
     round on each), judged by `ctx.signal`; its signal/* values go to the step's metrics row. The finding when this
     round establishes it."""

@@ -13,7 +13,7 @@ from arms.common import LOGGER_ENV
 from harness import dist
 
 if TYPE_CHECKING:
-    from harness.callbacks import RunContext
+    from harness.run.callbacks import RunContext
 
 
 def open_run_loggers(plan, run_dir: Path) -> dict:

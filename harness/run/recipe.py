@@ -10,10 +10,10 @@
 
 The recipe holds the run's state (its data, policy, resume point, context, loggers and trainer) as attributes set
 in `setup`, in the order they are built. What surrounds it, the prerequisites, claiming the run dir, recording a
-failure and the exit codes, is harness.lifecycle's; each step is a stage of harness.stages.
+failure and the exit codes, is harness.run.lifecycle's; each step is a stage of harness.run.stages.
 
 One attempt at training is tied to its resume point. When the chosen checkpoint fails its deep check as it loads
-(harness.stages.resume: the check finished beside the Trainer's loads, before the first step), `train` closes
+(harness.run.stages.resume: the check finished beside the Trainer's loads, before the first step), `train` closes
 that attempt, skips the checkpoint by name and sets up again from the one before it; nothing was trained on it.
 """
 
@@ -28,7 +28,7 @@ import time
 from harness import dist
 from harness.faults import point
 from harness.rundir import RunDir, now
-from harness.stages.resume import CheckAhead, CheckpointDamaged  # torch-free
+from harness.run.stages.resume import CheckAhead, CheckpointDamaged  # torch-free
 
 log = logging.getLogger("harness")
 
@@ -44,7 +44,7 @@ class Run:
         self._this_start = {"pid": os.getpid(), "started_at": now(), "seconds": {}}
         self.clock = Phases(parent=parent_s, on_mark=self._record_start)  # the seconds of each phase
         self.started = time.time()
-        self.ahead = None  # the resume's deep check, on a thread (harness.stages.resume.CheckAhead)
+        self.ahead = None  # the resume's deep check, on a thread (harness.run.stages.resume.CheckAhead)
         self.data = self.policy = self.resume = self.ctx = self.trainer = self.halt = None
         self.evals: dict = {}
         self.logger_env: dict | None = None  # the logger environment before the run's loggers opened
@@ -78,8 +78,8 @@ class Run:
 
     def finalize(self) -> dict | None:
         """The final policy, the eval after training, the model card and completion.json (rank 0's content)."""
-        from harness.stages.finalize import finalize
-        from harness.stages.train import Trained
+        from harness.run.stages.finalize import finalize
+        from harness.run.stages.train import Trained
 
         trained = Trained(trainer=self.trainer, ctx=self.ctx, train_out=self.train_out, evals=self.evals)
         completion = finalize(self.plan, self.run, self.data, self.policy, trained, self.started, clock=self.clock)
@@ -100,7 +100,7 @@ class Run:
     def _import_training(self) -> None:
         """torch, transformers and TRL: paid by the first run of a process."""
         from harness.log import quiet_libraries
-        from harness.stages import data, finalize, policy, preflight, train  # noqa: F401  (what the phase measures)
+        from harness.run.stages import data, finalize, policy, preflight, train  # noqa: F401  (what the phase measures)
 
         point(f"{self.plan.kind}.start")  # tests only (harness.faults): a crash right after the claim
         quiet_libraries()
@@ -109,7 +109,7 @@ class Run:
 
     def _prepare_data(self):
         """The dataset: prepared (rank 0 builds the caches), validated, bound to the run's recorded digest."""
-        from harness.stages import data as data_stage
+        from harness.run.stages import data as data_stage
 
         plan, run = self.plan, self.run
         data = dist.main_first(data_stage.prepare, plan.cfg, run.recorded("data"), run_dir=str(run.path),
@@ -123,8 +123,8 @@ class Run:
     def _build_policy(self):
         """The policy: base model, init, tuning and device, bound to the run's recorded model; the preflight (every
         prompt's tokens against the context) once the processor exists."""
-        from harness.stages import policy as policy_stage
-        from harness.stages import preflight
+        from harness.run.stages import policy as policy_stage
+        from harness.run.stages import preflight
         from harness.trainsets import corpus
 
         plan, run, data = self.plan, self.run, self.data
@@ -141,9 +141,9 @@ class Run:
         """One attempt's state, from its resume point: the context, the eval before, the loggers, the trainer."""
         from harness.eval.during import eval_before
         from harness.halt import Halt
-        from harness.loggers import open_run_loggers
-        from harness.stages.resume import find
-        from harness.stages.train import already_paused, audit_the_resume, build, open_logs
+        from harness.run.loggers import open_run_loggers
+        from harness.run.stages.resume import find
+        from harness.run.stages.train import already_paused, audit_the_resume, build, open_logs
 
         plan, path = self.plan, self.run.path
         self.resume = dist.on_main(find, plan, path, self.ahead)  # one decision for all ranks
@@ -165,7 +165,7 @@ class Run:
         """trainer.train() under the run's signal handlers (or, from the run's final checkpoint, its weights
         restored for finalize); every rank's logs closed and the loggers too, also on failure."""
         from harness.halt import Halted
-        from harness.stages.train import finish_from_final_checkpoint, nonfinite_error
+        from harness.run.stages.train import finish_from_final_checkpoint, nonfinite_error
 
         plan, resume, ctx = self.plan, self.resume, self.ctx
         failed = True
@@ -190,8 +190,8 @@ class Run:
                          then=self.halt.scheduler_handler())
 
     def close_loggers(self, *, failed: bool) -> None:
-        """Close this attempt's logs and writers and restore the logger environment (harness.loggers)."""
-        from harness.loggers import close_loggers
+        """Close this attempt's logs and writers and restore the logger environment (harness.run.loggers)."""
+        from harness.run.loggers import close_loggers
 
         env, self.logger_env = self.logger_env, None
         if self.trainer is not None:

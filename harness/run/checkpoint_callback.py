@@ -10,7 +10,7 @@ from transformers import TrainerCallback
 
 from harness import dist
 from harness.accounting import checkpoint as ckpt
-from harness.callbacks import RunContext, training_ends_here
+from harness.run.callbacks import RunContext, training_ends_here
 from harness.faults import point
 
 log = logging.getLogger("harness")

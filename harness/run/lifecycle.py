@@ -1,4 +1,4 @@
-"""The run lifecycle after planning: parents first, then the run's recipe (harness.recipe.Run):
+"""The run lifecycle after planning: parents first, then the run's recipe (harness.run.recipe.Run):
 
     prerequisites (the SFT warm start, then a planned teacher) -> claim the run dir -> the recipe (setup: data,
     policy, resume point, context, eval before, loggers, trainer; train; finalize) -> the summary
@@ -44,7 +44,7 @@ def run_with_prerequisites(plan: Plan) -> int:
     t0 = time.perf_counter()
     todo = _status(plan.run_dir) != "completed"
     if todo:
-        from harness.stages.preflight import check_loadable
+        from harness.run.stages.preflight import check_loadable
 
         check_loadable(plan)  # a checkpoint whose processor cannot be built: refused before any run dir is claimed
     ran_parent = todo and bool(plan.prerequisites)
@@ -269,12 +269,12 @@ def _halted(plan: Plan, run: RunDir, halt: Halted) -> int:
 
 
 def run_recipe(plan: Plan, run: RunDir, parent_s: float = 0.0) -> dict | None:
-    """The run's recipe (harness.recipe.Run): set up (data, policy, resume point, context, eval before, loggers,
+    """The run's recipe (harness.run.recipe.Run): set up (data, policy, resume point, context, eval before, loggers,
     trainer), train, finalize; cleaned up whatever happens. completion.json's content on rank 0, with the seconds
     of each phase (`phases_s`: the next regression is visible in every run). Throughout, SIGUSR1 writes this rank's
     stacks to the run dir (harness.diagnostics)."""
     from harness.diagnostics import StackDumps
-    from harness.recipe import Run  # torch-free at import: what trains is imported by setup
+    from harness.run.recipe import Run  # torch-free at import: what trains is imported by setup
 
     with run_objects(), StackDumps(run.path, dist.rank(), plan.cfg.train.hang_timeout_s) as dumps:
         recipe = Run(plan, run, parent_s=parent_s, dumps=dumps)
@@ -382,7 +382,7 @@ def _first_step_text(marks: dict) -> str:
 
 
 def _learning_lines(signal: dict) -> list[str]:
-    """completion.json's learning_signal (harness.learning), as the end-of-run summary says it."""
+    """completion.json's learning_signal (harness.run.learning), as the end-of-run summary says it."""
     out = []
     found = signal.get("no_update")
     if found:
