@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from harness import dist
 
 if TYPE_CHECKING:
-    from harness.run.callbacks import RunContext
+    from harness.run.context import RunContext
     from harness.policy import Policy
 
 log = logging.getLogger("harness")

@@ -13,7 +13,8 @@ from pathlib import Path
 from transformers import TrainerCallback
 
 from harness import dist
-from harness.run.callbacks import RunContext, training_ends_here
+from harness.run.callbacks import training_ends_here
+from harness.run.context import RunContext
 
 log = logging.getLogger("harness")
 

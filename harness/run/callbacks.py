@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import TYPE_CHECKING
 
 from transformers import TrainerCallback
 from transformers.trainer_callback import ProgressCallback
 
 from harness import dist
-from harness.run.context import RunContext  # noqa: F401  (its documented import path)
 from harness.halt import signal_name
+
+if TYPE_CHECKING:
+    from harness.run.context import RunContext
 
 log = logging.getLogger("harness")
 

@@ -10,7 +10,8 @@ from transformers import TrainerCallback
 
 from harness import dist
 from harness.accounting import checkpoint as ckpt
-from harness.run.callbacks import RunContext, training_ends_here
+from harness.run.callbacks import training_ends_here
+from harness.run.context import RunContext
 from harness.faults import point
 
 log = logging.getLogger("harness")

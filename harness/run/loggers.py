@@ -13,7 +13,7 @@ from arms.common import LOGGER_ENV
 from harness import dist
 
 if TYPE_CHECKING:
-    from harness.run.callbacks import RunContext
+    from harness.run.context import RunContext
 
 
 def open_run_loggers(plan, run_dir: Path) -> dict:

@@ -19,7 +19,7 @@ from tests.conftest import run_harness
 def test_default_job_learns(tmp_path_factory, seed):
     out = tmp_path_factory.mktemp(f"default-s{seed}")
     t0 = time.perf_counter()
-    proc = run_harness(f"seed={seed}", f"output_root={out}", timeout=600)
+    proc = run_harness(f"seed={seed}", f"output_root={out}", timeout=600, env={"OMP_NUM_THREADS": None})  # as a user
     wall = time.perf_counter() - t0
     assert proc.returncode == 0, proc.stderr[-4000:]
     (run,) = [p for p in (out / "runs").iterdir() if p.name.startswith("grpo-")]

@@ -7,7 +7,8 @@ from types import SimpleNamespace
 import pytest
 from transformers import TrainerControl, TrainerState
 
-from harness.run.callbacks import BudgetCallback, RunContext
+from harness.run.callbacks import BudgetCallback
+from harness.run.context import RunContext
 from harness.rounds import GenerationRound
 
 

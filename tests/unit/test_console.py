@@ -10,7 +10,8 @@ from tqdm.auto import tqdm
 
 from harness import kinds
 from harness.run import callbacks
-from harness.run.callbacks import MetricsCallback, RunContext, console_line
+from harness.run.callbacks import MetricsCallback, console_line
+from harness.run.context import RunContext
 from harness.log import BarSafeHandler
 
 

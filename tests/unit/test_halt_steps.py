@@ -17,7 +17,8 @@ from transformers import TrainerControl, TrainerState
 from harness import rundir
 from harness.accounting.checkpoint import CHECKPOINT_MANIFEST
 from harness.accounting.logs import ledger_path, read_rows
-from harness.run.callbacks import HaltCallback, RunContext
+from harness.run.callbacks import HaltCallback
+from harness.run.context import RunContext
 from harness.halt import Halt, Halted
 from harness.run.stages.resume import find
 from harness.run.stages.train import already_paused

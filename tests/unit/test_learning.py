@@ -135,3 +135,31 @@ def test_a_resumed_monitor_seeded_from_the_traces_judges_as_an_uninterrupted_one
     for s in range(3, len(plan)):
         resumed.observe(RoundStats.of_rows(s, [x for r in (0, 1) for x in by_rank[r] if x["step"] == s]))
     assert resumed.end() == straight.end() and straight.end()["rounds"] == 4
+
+
+def test_a_round_is_observed_once_across_the_step_ends_that_train_on_it():
+    """steps_per_generation > 1: the reward function leaves one round in ctx.round_rows, and several optimizer
+    steps end before the next round is sampled. The monitor observes it at the first of them only (its
+    Monitor.last_step); the next round, sampled later, is observed again. A monitor seeded from the traces up to
+    step s (a resume) has seen the rounds before s, not the one at s: that one is sampled again and observed."""
+    from types import SimpleNamespace
+
+    from harness.run.learning import observe_round
+
+    ctx = SimpleNamespace(round_rows=None, signal=monitor(window=2), signal_metrics=None)
+    assert observe_round(ctx) is None and ctx.signal.seen == 0  # no round sampled yet
+    ctx.round_rows = (0, rows(0, FLAT))
+    for _ in range(3):  # three step ends on the round sampled at step 0
+        assert observe_round(ctx) is None
+    assert ctx.signal.seen == 1 and ctx.signal.last_step == 0
+    assert ctx.signal_metrics["signal/no_update"] == 0  # no finding yet: the window is 2
+    ctx.round_rows = (3, rows(3, FLAT))
+    found = observe_round(ctx)
+    assert found is not None and (found["since_step"], found["rounds"]) == (1, 2)  # the window filled once
+    assert observe_round(ctx) is None and ctx.signal.seen == 2  # not again at the next step end
+    assert ctx.signal_metrics["signal/no_update"] == 1
+
+    resumed = monitor(window=2)  # resumed at step 3: seeded with the round at step 0 only
+    resumed.observe(RoundStats.of_rows(0, rows(0, FLAT)))
+    ctx2 = SimpleNamespace(round_rows=(3, rows(3, FLAT)), signal=resumed, signal_metrics=None)
+    assert observe_round(ctx2) == found and resumed.seen == 2

@@ -28,7 +28,8 @@ from transformers.trainer_callback import CallbackHandler, DefaultFlowCallback
 from transformers.trainer_utils import IntervalStrategy, SaveStrategy
 
 from harness import dist
-from harness.run.callbacks import BudgetCallback, HaltCallback, RunContext
+from harness.run.callbacks import BudgetCallback, HaltCallback
+from harness.run.context import RunContext
 from harness.run.checkpoint_callback import CheckpointCallback
 from harness.halt import Halt
 from harness.run.stages.resume import ResumePoint

@@ -16,10 +16,10 @@ from arms.common import BuildContext
 from harness import dist
 from harness.accounting.logs import METRICS_PATH, AppendLog, Frontier
 from harness.run.callbacks import (BudgetCallback, FirstStepCallback, HaltCallback, MetricsCallback,
-                               NonFiniteCallback, QuietProgressCallback, RunContext, SignalCallback,
-                               TrackioCallback, WatchdogCallback)
+                                   NonFiniteCallback, QuietProgressCallback, SignalCallback, TrackioCallback,
+                                   WatchdogCallback)
 from harness.run.checkpoint_callback import CheckpointCallback
-from harness.run.context import TrainerLink
+from harness.run.context import RunContext, TrainerLink
 from harness.errors import NonFiniteError, Problem
 from harness.diagnostics import StackDumps
 from harness.eval.during import periodic_eval
