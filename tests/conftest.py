@@ -13,10 +13,11 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf"
 
-# Every training a test starts, in process or as a subprocess, runs on one thread (unless the test says otherwise:
-# the default job's, which checks the README's job as a user runs it): ./test.sh's two workers then run two
-# trainings at once on two cores without oversubscribing them (each at 2 threads: 4 threads on 2 cores slowed each
-# other ~3x), and results are bitwise the same on any machine's core count. Set before torch is imported anywhere.
+# Every training a test starts, in process or as a subprocess, runs on one thread (but the default job's, which is
+# the README's job as a user runs it: tests/integration/test_default_job.py): ./test.sh's two workers then run two
+# trainings at once on two cores without oversubscribing them (the default job at 2 threads beside another worker's
+# training took ~3x as long as alone), and results are bitwise the same on any machine's core count. Set before
+# torch is imported anywhere.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
