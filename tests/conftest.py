@@ -18,7 +18,7 @@ CONF = REPO / "conf"
 # trainings at once on two cores without oversubscribing them (the default job at 2 threads beside another worker's
 # training took ~3x as long as alone), and results are bitwise the same on any machine's core count. Set before
 # torch is imported anywhere.
-os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ["OMP_NUM_THREADS"] = "1"  # not setdefault: a shell's own value would oversubscribe again
 
 
 @pytest.fixture

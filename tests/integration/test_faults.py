@@ -305,8 +305,8 @@ def test_damage_is_named_by_verify_and_decided_by_the_resume(base, killed, tmp_p
 # tests. Damage to one file of checkpoint-4 (truncated weights, a flipped optimizer byte, a garbled header, the RNG
 # state gone, an empty trainer state, another run's manifest) leaves the same state once the resume has chosen
 # checkpoint-2 instead (so does a torn checkpoint-4, or one without its optimizer): that choice is held for every
-# kind above, so one of them (truncated weights) runs on, and
-# two more run on with the deep check left to the loads (test_damage_found_as_the_checkpoint_loads_falls_back_the_same).
+# kind above, so one of them (truncated weights) runs on, and two more run on with the deep check left to the loads
+# (test_damage_found_as_the_checkpoint_loads_falls_back_the_same).
 # Each log's damage (a ledger cut mid-row, a trace row gone, a metrics row twice), a garbled manifest and a garbled
 # lock is a state of its own: each runs on.
 SAME_AS_TRUNCATED = (flip_an_optimizer_byte, garble_the_weights_header, remove_rng_state, empty_trainer_state,
@@ -369,7 +369,7 @@ ENOSPC = [
 # to the uninterrupted run's result, and the resume of a run whose manifest says "failed" is held by the three.
 
 
-@pytest.mark.slow  # ~20 s each, ~35 s run again; test_other_write_errors_name_their_fix is in the default suite
+@pytest.mark.slow  # 26-62 s each with the run again (2026-12-06); test_other_write_errors_name_their_fix: default suite
 @pytest.mark.parametrize("point, with_parent, again", ENOSPC, ids=[p for p, _, _ in ENOSPC])
 def test_a_full_disk_fails_clearly_and_the_run_resumes_once_there_is_room(base, tmp_path, point, with_parent, again):
     out = base.case(tmp_path / "out", with_parent)

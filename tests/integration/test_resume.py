@@ -20,9 +20,8 @@ from harness.accounting.logs import read_rows
 from harness.accounting.checkpoint import complete_checkpoints, step_of
 from harness.faults import KILL_RUN_ENV, KILL_STEP_ENV
 from harness.verify import verify
-from tests.conftest import REPO, logged_values, run_harness
+from tests.conftest import PINNED, REPO, logged_values, run_harness
 
-PINNED = {"OMP_NUM_THREADS": "1"}  # the same kernels in every launch: bitwise comparisons hold on any machine
 
 
 def _run_dir(out: Path, arm: str) -> Path:
