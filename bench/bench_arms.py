@@ -56,14 +56,14 @@ def _trial(arm: str, plan, data: Path, rows: list[dict], init: Path, steps: int,
     from harness.accounting.ledger import provenance_of
     from harness.eval.during import plan_rewards
     from harness.run.stages.resume import ResumePoint
-    from harness.run.stages.train import open_logs
-    from harness.trainsets import rl_dataset
+    from harness.run.recipe import open_context
+    from harness.data.trainsets import rl_dataset
 
     run_dir = scratch / arm
     shutil.rmtree(run_dir, ignore_errors=True)
     model, processor = load_policy(init)
     eos = eos_token_ids(processor)
-    rctx = open_logs(plan, run_dir, ResumePoint())  # this rank's ledger, trace and generation round
+    rctx = open_context(plan, run_dir, ResumePoint())  # this rank's ledger, trace and generation round
     reward = HarnessReward(rctx, rewards=plan_rewards(plan), eos_token_ids=eos,
                            provenance=provenance_of(plan))
 

@@ -137,7 +137,7 @@ def build_policy(base: Path):
 
 def harness_resume(trainer, run_dir: Path, step: int, whole: bool = True) -> dict[str, float]:
     """What a resumed harness run does with its newest checkpoint, in its order (harness/run/recipe.py Run.setup:
-    CheckAhead, the model stage, find; harness/run/stages/train.py audit_the_resume with tuning=full, then
+    CheckAhead, the model stage, find; harness/run/stages/resume.py audit_the_resume with tuning=full, then
     Trainer.train's loads and the audit's callbacks). `whole=False`: from find on (no model build; the deep check not overlapped)."""
     from harness.run.audit import ResumeAuditCallback
     from harness.run.stages import resume

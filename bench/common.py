@@ -82,7 +82,7 @@ def bare_trial(plan, *, steps: int, trl_defaults: bool, scratch: Path, kind: str
     from harness.data import load_split
     from harness.models import special_token_ids_to_suppress
     from harness.policy import eos_token_ids, load_policy
-    from harness.trainsets import rl_dataset
+    from harness.data.trainsets import rl_dataset
 
     c = plan.config
     out = scratch / kind

@@ -112,10 +112,10 @@ def bare_job(job: dict, scratch: Path) -> dict:
     from harness.cli import compose_plan
     from harness.data import load_split
     from harness.models import special_token_ids_to_suppress
-    from harness.policy import apply_tuning, build_base, device_of, eos_token_ids, load_policy
+    from harness.policy import (apply_tuning, build_base, device_of, eos_token_ids, load_policy,
+                                rows_past_the_tokenizer)
     from harness.run.stages.data import dataset_root
-    from harness.run.stages.policy import rows_past_the_tokenizer
-    from harness.trainsets import rl_dataset
+    from harness.data.trainsets import rl_dataset
 
     plan = compose_plan(job["overrides"])
     cfg, device = plan.cfg, device_of(plan)

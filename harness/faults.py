@@ -112,20 +112,22 @@ class InjectedFault(RuntimeError):
     """The exception a fault-injected run raises (HARNESS_SMOKE_KILL_HOW=raise): a crash inside training."""
 
 
-def install_kill_switch(trainer, plan) -> None:
-    """In a smoke child (or a fault test): at the end of the agreed step of the named run, SIGKILL this process
-    (no cleanup, like a crash) or, with HARNESS_SMOKE_KILL_HOW=raise, raise InjectedFault inside training. With
-    HARNESS_FAULT set (harness.faults), the point `<kind>.step` at the end of every optimizer step."""
+def step_callbacks(kind, run_name: str) -> list:
+    """The trainer callbacks of a fault test, none in a user's run. In a smoke child (or a fault test): at the end
+    of the agreed step of the named run, SIGKILL this process (no cleanup, like a crash) or, with
+    HARNESS_SMOKE_KILL_HOW=raise, raise InjectedFault inside training. With HARNESS_FAULT set (harness.faults), the
+    point `<kind>.step` at the end of every optimizer step. Given to the trainer last, after the harness's own."""
     from transformers import TrainerCallback
 
+    out = []
     if armed():
         class StepPoint(TrainerCallback):
             def on_step_end(self, args, state, control, **kwargs):
-                point(f"{plan.kind}.step")
+                point(f"{kind}.step")
 
-        trainer.add_callback(StepPoint())
-    if os.environ.get(KILL_RUN_ENV) != plan.run_name:
-        return
+        out.append(StepPoint())
+    if os.environ.get(KILL_RUN_ENV) != run_name:
+        return out
 
     step = int(os.environ[KILL_STEP_ENV])
     how = os.environ.get(KILL_HOW_ENV, "sigkill")
@@ -139,4 +141,4 @@ def install_kill_switch(trainer, plan) -> None:
                     raise InjectedFault(f"injected fault at the end of step {step} ({KILL_HOW_ENV}=raise)")
                 os.kill(os.getpid(), signal.SIGKILL)
 
-    trainer.add_callback(KillSwitch())
+    return [*out, KillSwitch()]

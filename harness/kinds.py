@@ -179,7 +179,7 @@ class Rl(Kind):
         return round_of(cfg)
 
     def identity(self, config: dict) -> dict:
-        from harness.reward_identity import reward_identity
+        from harness.rewards.identity import reward_identity
 
         return {"reward": reward_identity(config["reward"])}  # the reward functions' sources
 

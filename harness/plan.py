@@ -340,11 +340,11 @@ def make_run_name(cfg: Config, semantic_sha: str, model_files_sha: str | None = 
     """Deterministic: the same command finds the same run dir, and every rank agrees on it. A real checkpoint and
     a dataset of your own (data=jsonl) add their content digest: another checkpoint, or another or edited dataset
     at the same data.path, is another run (not a resume conflict); the synthetic set's spec is in the config.
-    A reward of your own adds `<function>_<code digest>` after the data (identity.reward, harness.reward_fns
+    A reward of your own adds `<function>_<code digest>` after the data (identity.reward, harness.rewards.functions
     .run_name_part): the inputs the run learns from, each with its version, then the seed and the config hash; an
     edited reward file is another run. The built-in reward adds nothing, and neither does an arm without a reward
     (SFT, so a warm start serves every reward)."""
-    from harness.reward_identity import run_name_part
+    from harness.rewards.identity import run_name_part
 
     lora = [cfg.model.tuning.value] if cfg.model.tuning.value != "full" else []  # a LoRA run says so in its name
     model = cfg.model.name

@@ -8,7 +8,7 @@ and, optionally, sampling constrained to the answer schema's regex.
 
 from __future__ import annotations
 
-from harness.answers import ANSWER_REGEX
+from harness.rewards.answers import ANSWER_REGEX
 from harness.config.fields import RolloutBackend
 from harness.config.schema import RolloutConfig
 

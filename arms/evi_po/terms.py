@@ -2,7 +2,7 @@
 
 A base question q has views v (one dataset row each) with image I_v, relation r_v and target y_v:
 FULL and CONTROL -> a*, MISSING -> the abstention, SUBSTITUTE -> a_sub(v). Candidates
-C_q = {a*, abstention} + {a_sub(v)}. Rows carry their linkage (harness.trainsets `views` column:
+C_q = {a*, abstention} + {a_sub(v)}. Rows carry their linkage (harness.data.trainsets `views` column:
 candidates, the target's index, and on FULL rows the MISSING and CONTROL image paths), so no
 cross-row sampler is needed.
 
@@ -21,7 +21,7 @@ cross-row sampler is needed.
 
 Choices made here (docs/arms.md leaves them open):
 - The answer prefix and the candidate tokens are found in token space: each candidate is rendered
-  as the completion the model writes (harness.answers.format_answer) and tokenized; the tokens all
+  as the completion the model writes (harness.rewards.answers.format_answer) and tokenized; the tokens all
   candidates share at the start are the answer prefix (appended to x_v, not scored), the tokens they
   share at the end (the closing tag) are not scored either, so s(c|v) is over the candidate's own
   tokens (one token each on the synthetic set with the tiny tokenizer: then s is that token's log-prob).
@@ -46,7 +46,7 @@ from __future__ import annotations
 import torch
 
 from arms.papo.terms import k3, masked_mean, real_only
-from harness.answers import candidate_tokens  # noqa: F401  (the answer prefix and scored tokens)
+from harness.rewards.answers import candidate_tokens  # noqa: F401  (the answer prefix and scored tokens)
 
 # --- the pure terms
 

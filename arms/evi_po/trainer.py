@@ -19,7 +19,7 @@ from arms.evi_po.terms import candidate_tokens, direction_loss, evidence_loss
 from arms.grpo.trainer import build_trainer as build_grpo
 from arms.papo.terms import masked_mean, real_only
 from arms.trl_hooks import ExtraTermsGRPOTrainer, row_images
-from harness.answers import format_answer
+from harness.rewards.answers import format_answer
 from harness.data.records import RELATIONS  # FULL, CONTROL, MISSING, SUBSTITUTE (torch-free)
 from harness.rewards import cut_at_eos, score
 

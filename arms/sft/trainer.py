@@ -1,6 +1,6 @@
 """sft: TRL's SFTTrainer, completion-only loss, and the loss-token cap (docs/arms.md sft).
 
-The cap takes the longest prefix of the planned passes over the training split (harness.trainsets.sft_order:
+The cap takes the longest prefix of the planned passes over the training split (harness.data.trainsets.sft_order:
 arm.epochs, or as many as budget.max_steps needs, each in its own seeded order) whose loss-bearing tokens fit in
 budget.max_loss_tokens (and whose batches fit in budget.max_steps). Loss tokens are counted
 with the trainer's own collator, one row at a time, exactly as it masks them during training

@@ -30,7 +30,7 @@ from harness.rewards import cut_at_eos
 class HarnessReward:
     def __init__(self, ctx, *, rewards: Any, eos_token_ids: list[int], provenance: dict):
         self.ctx = ctx
-        self.rewards = rewards  # harness.reward_fns.Rewards: the configured reward functions
+        self.rewards = rewards  # harness.rewards.functions.Rewards: the configured reward functions
         self.eos = set(eos_token_ids)
         self.provenance = provenance
         self.tag = provenance["semantic_sha256"][:8]

@@ -248,7 +248,7 @@ def check_reward(cfg: Config, out: Findings) -> None:
     import json
 
     from harness.identity import to_jsonable
-    from harness.reward_fns import reward_problems
+    from harness.rewards.functions import reward_problems
 
     reward = to_jsonable(cfg.reward)
     for p in reward_problems(reward):

@@ -70,7 +70,7 @@ class DType(str, Enum):
     float16 = "float16"
 
 
-class RewardConvention(str, Enum):  # how a reward function is called (harness.reward_conventions)
+class RewardConvention(str, Enum):  # how a reward function is called (harness.rewards.conventions)
     trl = "trl"
     verl = "verl"
     easyr1 = "easyr1"

@@ -10,7 +10,7 @@ import argparse
 import json
 import sys
 
-from harness.answers import ANSWER_TYPES
+from harness.rewards.answers import ANSWER_TYPES
 from harness.errors import HarnessError
 
 

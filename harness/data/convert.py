@@ -30,7 +30,7 @@ import string
 from pathlib import Path
 from typing import Any, Callable
 
-from harness.answers import ANSWER_TYPES, normalize_word
+from harness.rewards.answers import ANSWER_TYPES, normalize_word
 from harness.data.manifest import DatasetWriter, check_out_dir, new_temp_dir, publish_dir
 from harness.data.records import IMAGES_DIR, RELATIONS, SPLIT_RE, records_path
 from harness.errors import ConfigError, DataContractError, DataProblem, Problem

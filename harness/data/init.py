@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.answers import ANSWER_TYPES
+from harness.rewards.answers import ANSWER_TYPES
 from harness.data.convert import Origin, build_validated, choices_of, full_row, seeded_test_rows, target_of
 from harness.data.manifest import DatasetWriter, check_out_dir, read_manifest
 from harness.data.records import IMAGES_DIR, SPLIT_RE, check_row, path_problem, records_path

@@ -18,7 +18,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from harness.answers import ANSWER_TYPES, normalize_target, target_problem
+from harness.rewards.answers import ANSWER_TYPES, normalize_target, target_problem
 from harness.errors import DataContractError, DataProblem
 
 # --- layout and vocabulary

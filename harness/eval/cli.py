@@ -163,9 +163,9 @@ def evaluate(job: SimpleNamespace) -> dict:
     from harness.eval.greedy import eval_rows, run_eval
     from harness.identity import code_identity
     from harness.models import imagecache
-    from harness.policy import device_for, eos_token_ids, load_policy
-    from harness.reward_fns import Rewards
-    from harness.reward_identity import check_sources
+    from harness.policy import device_for, eos_token_ids, fast_vision, load_policy, never_sampled
+    from harness.rewards.functions import Rewards
+    from harness.rewards.identity import check_sources
 
     c, ident = job.config, job.manifest["identity"]
     check_sources(c["reward"], ident.get("reward"), str(job.run_dir))  # the reward the run trained with, unedited
@@ -176,8 +176,6 @@ def evaluate(job: SimpleNamespace) -> dict:
     model, processor = load_policy(job.policy_path, base_path=ident["model"].get("base_path"), trainable=False,
                                    model_cfg=m)
     imagecache.install(processor, m.image_cache_mb)
-    from harness.run.stages.policy import fast_vision, never_sampled
-
     fast_vision(model, processor, m)  # the same, bit for bit, in a no-grad eval
     plan = SimpleNamespace(run_name=job.manifest["run_name"], identity=ident, config=c)
     model.to(device_for(job.cfg.placement.device))

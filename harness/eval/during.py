@@ -46,8 +46,8 @@ def score_policy(plan, data, policy: Policy, *, label: str, policy_ref: str,
 
 def plan_rewards(plan):
     """The plan's reward functions, loaded once per process (eval before, training, periodic and final eval)."""
-    from harness.reward_fns import Rewards
-    from harness.reward_identity import check_sources
+    from harness.rewards.functions import Rewards
+    from harness.rewards.identity import check_sources
 
     if _REWARDS[0] is not plan:  # one slot: a sweep's next job in this process replaces the previous one's
         # a reward file edited between the plan (whose run name carries its code digest) and now, e.g. while a
@@ -87,7 +87,7 @@ def periodic_eval(plan, run_dir: Path, data, policy: Policy, ctx: RunContext, *,
 def eval_settings(plan, data, policy_sha256: str | None) -> dict:
     """What an eval artifact records besides its metrics, so that a later eval of the same weights can
     recognize it (harness.eval.REUSE_KEYS; `python -m harness.eval` reads policy_sha256 and max_items)."""
-    from harness.reward_identity import source_digests
+    from harness.rewards.identity import source_digests
 
     reward = reward_json(plan)
     return {"policy_sha256": policy_sha256, "max_items": plan.cfg.data.eval_max_items,

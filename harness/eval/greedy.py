@@ -1,6 +1,6 @@
 """Greedy evaluation on a held-out split: accuracy overall and per relation, abstention, format validity.
 
-Every view is scored by the run's reward functions (harness.reward_fns.Rewards: the built-in relation-aware
+Every view is scored by the run's reward functions (harness.rewards.functions.Rewards: the built-in relation-aware
 reward, or reward._target_), the code the RL arms train on, so "correct" and "reward" mean the same thing in
 training and eval. The subset (data.eval_max_items) is the
 first N views in row-key order: whole groups, the same items for every arm and seed.
@@ -16,12 +16,12 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from harness.answers import prompt_text
+from harness.rewards.answers import prompt_text
 from harness.data import RELATIONS, row_key
 from harness.eval import artifact_path, decoding
 from harness.rewards import cut_at_eos
 from harness.rundir import atomic_write_bytes, atomic_write_json, now
-from harness.trainsets import user_turn
+from harness.data.trainsets import user_turn
 
 
 def eval_rows(rows: list[dict], max_items: int | None) -> list[dict]:
@@ -102,7 +102,7 @@ def direction_scores(model, processor, root: Path, rows: list[dict], *, is_vlm: 
 
     The candidate score is evi_po's s(c | v) (docs/arms.md): the mean log-probability of the candidate's own
     tokens after the chat prompt and the answer prefix, teacher-forced, no generation. Candidates and the
-    target's index come from the same linkage evi_po trains on (harness.trainsets.view_links), so the number
+    target's index come from the same linkage evi_po trains on (harness.data.trainsets.view_links), so the number
     means the same for every arm. Scores are None for a row with fewer than two candidates.
     """
     import json
@@ -111,8 +111,8 @@ def direction_scores(model, processor, root: Path, rows: list[dict], *, is_vlm: 
     import torch.nn.functional as F
     from PIL import Image
 
-    from harness.answers import candidate_tokens, format_answer
-    from harness.trainsets import group_candidates, view_links
+    from harness.rewards.answers import candidate_tokens, format_answer
+    from harness.data.trainsets import group_candidates, view_links
 
     tok = getattr(processor, "tokenizer", processor)
     fallback = group_candidates(rows)

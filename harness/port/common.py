@@ -306,7 +306,7 @@ MAX_RESPONSE, SAVE_FREQ, SAVE_LIMIT, EVAL_FREQ, ROLLOUT_BATCH = (_max_response, 
                                                                  _rollout_batch)
 
 
-# --- the recipe's reward function (harness.reward_conventions: reward._target_ called as its framework calls it)
+# --- the recipe's reward function (harness.rewards.conventions: reward._target_ called as its framework calls it)
 
 
 def free_dict(ctx: Ctx, prefix: str) -> dict:
@@ -329,7 +329,7 @@ def reward_function(f: Field, ctx: Ctx, file: str | None, target: str, conventio
                     kwargs_field: str, how: str):
     """Sets reward._target_ / reward.convention / reward.kwargs; returns the entry's note (the caller's class).
     `file`: the function's file as the recipe names it (None for a module); `how`: how the source calls it."""
-    from harness.reward_conventions import kwargs_problem
+    from harness.rewards.conventions import kwargs_problem
 
     ctx.set("reward._target_", target, f.path)
     ctx.set("reward.convention", convention, f.path)

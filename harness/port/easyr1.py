@@ -51,7 +51,7 @@ EASYR1_CALL = ("called as EasyR1's reward manager calls it (verl/workers/reward/
 
 
 def _easyr1_fn(ctx: Ctx) -> tuple[str, str] | None:
-    from harness.reward_conventions import easyr1_target
+    from harness.rewards.conventions import easyr1_target
 
     value = ctx.get("worker.reward.reward_function")
     return easyr1_target(str(value)) if value else None
@@ -61,7 +61,7 @@ def _declared_type(file: str) -> str | None:
     """The REWARD_TYPE the function's file declares (read, not imported), or None (absent or not readable here)."""
     from pathlib import Path
 
-    from harness.reward_conventions import declared_reward_type
+    from harness.rewards.conventions import declared_reward_type
 
     try:
         return declared_reward_type(Path(file).expanduser().read_text(encoding="utf-8"))
@@ -221,7 +221,8 @@ RULES = [
          if f.value is not None else "unset: one generation batch per rollout"))),
     ("data.val_batch_size", dist("eval batch size: memory and speed only (the harness: train.eval_batch_size)")),
     ("data.format_prompt", not_impl("the harness builds its own prompt (question, choices, and the "
-                                    "<answer>...</answer> schema of harness.answers); the recipe's template is not used")),
+                                    "<answer>...</answer> schema of harness.rewards.answers); the recipe's "
+                                    "template is not used")),
     ("data.override_chat_template", lambda f, ctx: (
         "informational_only", None, "unset: the model's chat template") if f.value is None else (
         "not_implemented", None, "the harness uses the processor's chat template")),

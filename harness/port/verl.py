@@ -137,7 +137,7 @@ def reward_fn_path(f: Field, ctx: Ctx):
         return ("not_implemented", None, "unset: verl scores with its default_compute_score, chosen by each row's "
                 "data_source (gsm8k, MATH, geo3k, ...), which the harness does not run: it scores with its built-in "
                 "reward (reward._target_ default: relation-aware match + format - invalid penalty, docs/arms.md grpo)")
-    from harness.reward_conventions import verl_target
+    from harness.rewards.conventions import verl_target
 
     name = ctx.get(sec + ".name")
     target = verl_target(str(f.value), name)

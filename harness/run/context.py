@@ -1,6 +1,6 @@
 """This rank's run context: the run dir, the plan, its logs and the counters the harness's callbacks share.
 
-Built once per attempt at training, restored from the resume point, by `harness.run.stages.train.open_logs` (the one
+Built once per attempt at training, restored from the resume point, by `harness.run.recipe.open_context` (the one
 place that constructs it). After that every field has one writer: the file `WRITTEN_BY` names, and no other
 (tests/unit/test_context.py reads the sources to hold it). A reader who asks "who set this?" looks there.
 """

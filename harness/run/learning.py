@@ -9,7 +9,7 @@ completion gets the format penalty.
 
 Per generation round (harness.rounds) the monitor measures, summed over every rank (`RoundStats`):
 - the share of groups whose rewards are all equal (`flat_share`; TRL logs the same as frac_reward_zero_std),
-- the share of well-formed completions (the answer schema's parse found an answer: harness.answers),
+- the share of well-formed completions (the answer schema's parse found an answer: harness.rewards.answers),
 - the reward's spread (`reward_std`, over the round's completions),
 and the run's `grad_norm` (TRL's log) goes into the statement. Over a rolling window of `train.signal_window`
 rounds, no update can come from the reward when every round of the window had every group flat, or (built-in

@@ -99,8 +99,9 @@ class Run:
 
     def _import_training(self) -> None:
         """torch, transformers and TRL: paid by the first run of a process."""
+        from harness import policy  # noqa: F401  (what the phase measures)
         from harness.log import quiet_libraries
-        from harness.run.stages import data, finalize, policy, preflight, train  # noqa: F401  (what the phase measures)
+        from harness.run.stages import data, finalize, preflight, train  # noqa: F401
 
         point(f"{self.plan.kind}.start")  # tests only (harness.faults): a crash right after the claim
         quiet_libraries()
@@ -123,12 +124,12 @@ class Run:
     def _build_policy(self):
         """The policy: base model, init, tuning and device, bound to the run's recorded model; the preflight (every
         prompt's tokens against the context) once the processor exists."""
-        from harness.run.stages import policy as policy_stage
+        from harness.policy import build_policy
         from harness.run.stages import preflight
-        from harness.trainsets import corpus
+        from harness.data.trainsets import corpus
 
         plan, run, data = self.plan, self.run, self.data
-        policy = policy_stage.build(plan, run.recorded("model"), corpus(data.train_rows + data.test_rows),
+        policy = build_policy(plan, run.recorded("model"), corpus(data.train_rows + data.test_rows),
                                     str(run.path), preflight=functools.partial(preflight.run, plan, run, data))
         self.clock.lap("model")
         parent = plan.parent and {"run_name": plan.parent.run_name, "run_dir": plan.parent.run_dir,
@@ -142,8 +143,8 @@ class Run:
         from harness.eval.during import eval_before
         from harness.halt import Halt
         from harness.run.loggers import open_run_loggers
-        from harness.run.stages.resume import find
-        from harness.run.stages.train import already_paused, audit_the_resume, build, open_logs
+        from harness.run.stages.resume import audit_the_resume, find
+        from harness.run.stages.train import build
 
         plan, path = self.plan, self.run.path
         self.resume = dist.on_main(find, plan, path, self.ahead)  # one decision for all ranks
@@ -151,15 +152,16 @@ class Run:
             self.run.update(skipped_checkpoints=[*self.run.manifest.get("skipped_checkpoints", []),
                                                  *self.resume.skipped])
         with self._damage_explained():
-            already_paused(plan, self.resume)  # budget.stop_after_steps reached already: nothing runs
-            self.ctx = open_logs(plan, path, self.resume)  # this rank's logs at the frontier, its counters
+            self.resume.stays_paused(plan.cfg.budget.stop_after_steps)  # reached already: nothing runs
+            self.ctx = open_context(plan, path, self.resume)  # this rank's logs at the frontier, its counters
             self.evals = eval_before(plan, path, self.data, self.policy, resumed=self.resume.checkpoint is not None)
             self.clock.lap("eval_before")
             self.logger_env = open_run_loggers(plan, path)  # W&B / trackio (rank 0)
             self.halt = Halt()  # this process's stop request, read after every step
             self.trainer = build(plan, path, self.data, self.policy, self.ctx, self.resume, halt=self.halt,
                                  dumps=self.dumps, clock=self.clock)
-            audit_the_resume(plan, self.trainer, self.policy.model, self.resume, self.ctx)  # the state, proven
+            audit_the_resume(self.resume, self.trainer, self.policy.model, self.ctx,  # the state, proven
+                             full_tuning=plan.cfg.model.tuning == "full")
 
     def _fit(self) -> None:
         """trainer.train() under the run's signal handlers (or, from the run's final checkpoint, its weights
@@ -228,6 +230,27 @@ class Run:
 
     def _record_start(self, marks: dict) -> None:
         self.run.update(start_phases=[*self._earlier_starts, {**self._this_start, "seconds": marks}])
+
+
+def open_context(plan, run_dir, resume):
+    """This rank's RunContext (harness.run.context), built here only: metrics (rank 0), the kind's logs (RL: ledger
+    and trace) reopened at the resume point's frontier, and the counters its checkpoint recorded (no need to re-read
+    the ledger)."""
+    from harness.accounting.logs import METRICS_PATH, AppendLog, Frontier
+    from harness.run.context import RunContext
+    from harness.run.stages.kind import kind_run
+
+    rank, world = dist.rank(), dist.world_size()
+    fr = resume.frontier(rank)
+    opened = lambda key, rel: AppendLog(run_dir, rel, Frontier.from_json(fr[key]) if key in fr else None)  # noqa: E731
+    totals = resume.manifest.get("totals") or {}
+    return RunContext(run_dir=run_dir, plan=plan, rank=rank, world=world,
+                      metrics=opened("metrics", METRICS_PATH) if dist.is_main() else None,
+                      nonfinite_steps=totals.get("nonfinite_steps", 0),
+                      # the run's final checkpoint: training is over, and its end is as the checkpoint recorded it
+                      stopped_by_budget=bool(resume.permanent and totals.get("stopped_by_budget")),
+                      # RL: ledger and trace at the frontier, the token counters, the learning-signal monitor
+                      **kind_run(plan.kind).open_logs(plan, run_dir, rank, world, resume, opened))
 
 
 def _reset_peak_memory() -> None:

@@ -263,12 +263,12 @@ def test_direction_scores_match_an_unbatched_computation(grpo_run):
     import torch
     from PIL import Image
 
-    from harness.answers import candidate_tokens
-    from harness.answers import format_answer
+    from harness.rewards.answers import candidate_tokens
+    from harness.rewards.answers import format_answer
     from harness.data import load_split
     from harness.eval.greedy import direction_scores, eval_rows, prompt_messages
     from harness.policy import load_policy
-    from harness.trainsets import group_candidates, view_links
+    from harness.data.trainsets import group_candidates, view_links
 
     _, run, _ = grpo_run
     manifest = json.loads((run / "run_manifest.json").read_text())

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from harness.answers import (
+from harness.rewards.answers import (
     ABSTAIN,
     ANSWER_REGEX,
     MAX_ANSWER_CHARS,

@@ -1,7 +1,7 @@
 """The budget stop on two ranks whose sampled tokens differ: each rank's share is half the ceiling, the rank whose
 next round could exceed its share triggers the stop, the decision is all-reduced so both ranks stop after the same
 step, and the ranks' tokens together never exceed the ceiling. The ranks are threads whose collectives meet
-(tests/unit/trainer_sim.py); the share comes from the train stage's open_logs, the stop from BudgetCallback."""
+(tests/unit/trainer_sim.py); the share comes from the recipe's open_context, the stop from BudgetCallback."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from harness.accounting.checkpoint import CHECKPOINT_MANIFEST
 from harness.accounting.logs import ledger_path, read_rows
 from harness.run.stages.resume import ResumePoint
-from harness.run.stages.train import open_logs
+from harness.run.recipe import open_context
 from tests.unit.trainer_sim import Ranks, train
 
 CEILING = 2000  # budget.max_completion_tokens: a share of 1000 per rank
@@ -35,7 +35,7 @@ def test_each_rank_gets_its_share_of_the_ceiling(plan, tmp_path, monkeypatch):
     ranks = Ranks(2, monkeypatch)
     for r in (0, 1):
         with ranks.as_rank(r):
-            ctx = open_logs(plan, tmp_path, ResumePoint())
+            ctx = open_context(plan, tmp_path, ResumePoint())
         assert (ctx.rank, ctx.world, ctx.token_share) == (r, 2, CEILING // 2), f"rank {r}'s share is {ctx.token_share}"
         assert ctx.round.token_bound // ctx.world == ROUND and ctx.round.local_completions == 16
 

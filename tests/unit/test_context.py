@@ -13,7 +13,7 @@ from harness.run.context import WRITTEN_BY, RunContext
 from tests.conftest import REPO
 
 CONTEXT_NAMES = {"ctx", "c", "context"}  # what the harness calls a RunContext in a function
-BUILDER = "harness/run/stages/train.py"
+BUILDER = "harness/run/recipe.py"
 
 
 def _is_context(node: ast.AST) -> bool:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from harness.answers import ANSWER_TYPES
+from harness.rewards.answers import ANSWER_TYPES
 from harness.data.convert import n_test_rows, seeded_test_rows
 from harness.data.init import init_dataset
 from harness.data.manifest import read_manifest
@@ -244,7 +244,7 @@ def test_init_cli_refusal_and_answer_types(tmp_path):
     res = cli("-m", "harness.data", "init", str(tmp_path / "ds"), "--from", str(table), "--question-column", "prompt", cache=tmp_path / "c")
     assert res.returncode == 2 and "Traceback" not in res.stderr and "--question-column = 'prompt'" in res.stderr
     if "text" not in ANSWER_TYPES:
-        pytest.skip("the text answer type is not in harness.answers yet")
+        pytest.skip("the text answer type is not in harness.rewards.answers yet")
     res = cli("-m", "harness.data", "init", str(tmp_path / "ds"), "--from", str(table), "--answer-type", "text", cache=tmp_path / "c")
     assert res.returncode == 0, res.stderr
     assert {r["answer_type"] for r in load_split(tmp_path / "ds", "train")} == {"text"}

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from harness.answers import normalize_word
+from harness.rewards.answers import normalize_word
 from harness.data import synth
 from harness.data.records import MANIFEST, load_split
 from harness.data.spec import split_sizes, synthetic_dir, synthetic_spec, synthetic_spec_sha256

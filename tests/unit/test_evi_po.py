@@ -140,12 +140,12 @@ def test_candidate_tokens_of_unequal_length_keep_at_least_one_scored_token():
     assert prefix == [1] and conts == [[2], [2, 2]] and scored == [1, 2]
 
 
-# --- the views column (harness.trainsets)
+# --- the views column (harness.data.trainsets)
 
 
 def test_rl_dataset_rows_carry_their_views_linkage(tmp_path):
     from harness.data import ensure_synthetic, load_split
-    from harness.trainsets import rl_dataset
+    from harness.data.trainsets import rl_dataset
 
     root = ensure_synthetic(n_base=8, data_seed=0, image_size=56, val_fraction=0.1, test_fraction=0.15,
                             cache_dir=tmp_path, workers=0)

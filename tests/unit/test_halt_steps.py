@@ -21,7 +21,6 @@ from harness.run.callbacks import HaltCallback
 from harness.run.context import RunContext
 from harness.halt import Halt, Halted
 from harness.run.stages.resume import find
-from harness.run.stages.train import already_paused
 from tests.unit.trainer_sim import Ranks, train
 
 
@@ -100,9 +99,9 @@ def test_a_pause_saves_a_resumable_checkpoint_of_its_step_and_stays_paused(plan,
     resume = find(plan, run_dir)
     assert resume.checkpoint.name == "checkpoint-3"
     with pytest.raises(Halted) as stays:
-        already_paused(_paused_at(3), resume)
+        resume.stays_paused(3)
     assert (stays.value.status, stays.value.step, stays.value.exit_code) == ("paused", 3, 0)
-    already_paused(_paused_at(4), resume)  # goes on
+    resume.stays_paused(4)  # goes on
     (later,) = train(plan, run_dir, ranks, tokens, resume=resume, save_steps=2, stop_after=4)
     assert (later.steps, later.saved) == (4, [4]), f"paused after step {later.steps}, saved at {later.saved}"
     assert later.ctx.halted == {"status": "paused", "step": 4, "signum": None}
@@ -121,8 +120,3 @@ def test_a_signal_on_one_rank_stops_both_after_that_step_with_one_checkpoint(pla
     assert m["permanent"] is False and set(m["frontier"]) == {"rank-0", "rank-1"}
     for r in (0, 1):
         assert {row["step"] for row in read_rows(run_dir / ledger_path(r))} == {0, 1, 2}
-
-
-def _paused_at(step: int) -> SimpleNamespace:
-    """A plan with budget.stop_after_steps=step, as the train stage reads it (typed)."""
-    return SimpleNamespace(cfg=SimpleNamespace(budget=SimpleNamespace(stop_after_steps=step)))

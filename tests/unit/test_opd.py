@@ -22,7 +22,7 @@ MM_KEYS = ("pixel_values", "image_grid_thw", "mm_token_type_ids")
 def env(tmp_path_factory):
     from harness.data import ensure_synthetic, load_split
     from harness.models import build_tiny
-    from harness.trainsets import corpus
+    from harness.data.trainsets import corpus
 
     tmp = tmp_path_factory.mktemp("opd")
     root = ensure_synthetic(n_base=8, data_seed=0, image_size=56, cache_dir=tmp / "data")
@@ -61,7 +61,7 @@ def build(env, *overrides: str):
     from arms.common import BuildContext
     from harness.cli import compose_plan
     from harness.models import load_tiny, special_token_ids_to_suppress
-    from harness.trainsets import rl_dataset
+    from harness.data.trainsets import rl_dataset
 
     plan = compose_plan(["arm=opd", "debug=tiny", f"output_root={env['tmp']}", f"arm.teacher={env['teacher']}",
                          "arm.prompts_per_step=4", "arm.max_completion_length=6", *overrides])

@@ -10,7 +10,7 @@ import pytest
 
 from harness.data.manifest import seal_dataset
 from harness.errors import ConfigError
-from harness.trainsets import sft_order, sft_passes
+from harness.data.trainsets import sft_order, sft_passes
 from tests.own_data import write_colour_set
 
 

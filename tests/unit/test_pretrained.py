@@ -238,7 +238,7 @@ def test_the_preflight_counts_what_the_processor_makes(hub_snapshot, tmp_path, f
     import numpy as np
     from PIL import Image
 
-    from harness.answers import prompt_text
+    from harness.rewards.answers import prompt_text
     from harness.models.pretrained import load_processor
     from harness.run.stages.preflight import count_tokens
 
@@ -293,7 +293,7 @@ def test_eos_ids_and_unused_rows_come_from_the_checkpoint(hub_snapshot):
 
     from harness.models.pretrained import load_processor
     from harness.policy import eos_token_ids
-    from harness.run.stages.policy import rows_past_the_tokenizer
+    from harness.policy import rows_past_the_tokenizer
 
     path = hub_snapshot()
     model = AutoModelForImageTextToText.from_pretrained(path)
@@ -435,7 +435,7 @@ def test_the_preflights_memo_gives_what_a_fresh_measurement_gives(hub_snapshot, 
     assert fresh["image_tokens_per_image"] == [4, 256] and fresh["sft_rows"]["n"] == 3
 
 
-def test_the_policy_stage_checks_the_prompts_before_it_loads_the_weights(hub_snapshot, monkeypatch):
+def test_the_policy_build_checks_the_prompts_before_it_loads_the_weights(hub_snapshot, monkeypatch):
     """A prompt that does not fit is refused before a (large) model is loaded: the preflight gets the processor and
     the context from config.json, the weights come after."""
     from types import SimpleNamespace
@@ -443,7 +443,7 @@ def test_the_policy_stage_checks_the_prompts_before_it_loads_the_weights(hub_sna
     from harness import kinds
     from harness.config.schema import ModelConfig
     from harness.config.typed import from_json
-    from harness.run.stages import policy as policy_stage
+    from harness import policy as policy_stage
 
     snap = str(hub_snapshot())
     model = {"source": "pretrained", "dtype": "float32", "min_pixels": None, "max_pixels": None}
@@ -458,5 +458,5 @@ def test_the_policy_stage_checks_the_prompts_before_it_loads_the_weights(hub_sna
         raise ConfigError([])
 
     with pytest.raises(ConfigError):
-        policy_stage.build(plan, {}, [], "/run", preflight=preflight)
+        policy_stage.build_policy(plan, {}, [], "/run", preflight=preflight)
     assert seen == [("Qwen2_5_VLProcessor", 128000)]

@@ -1,5 +1,5 @@
 """A resumed run continues its budget from the tokens it had spent at its checkpoint: each rank's tokens_used and
-completions, restored by the train stage's open_logs from the checkpoint that resume.find picks, are the sums of
+completions, restored by the recipe's open_context from the checkpoint that resume.find picks, are the sums of
 that rank's ledger rows up to the checkpoint's step (rows sampled after it, by a process killed later, do not count),
 and the resumed run then stops where the run that was never killed stops, with the same ledgers. One rank and two
 (tests/unit/trainer_sim.py drives the callbacks; nothing is trained)."""
@@ -13,7 +13,7 @@ import pytest
 from harness import rundir
 from harness.accounting.logs import ledger_path, read_rows
 from harness.run.stages.resume import find
-from harness.run.stages.train import open_logs
+from harness.run.recipe import open_context
 from tests.unit.trainer_sim import Ranks, train
 
 CEILING = 2000
@@ -55,7 +55,7 @@ def test_resumed_totals_are_each_ranks_ledger_up_to_the_checkpoint(plan_of, monk
         assert expected[r][0] < sum(row["tokens"] for row in rows)
     for r in range(world):
         with ranks.as_rank(r):
-            ctx = open_logs(plan, run_dir, resume)
+            ctx = open_context(plan, run_dir, resume)
         for lg in (ctx.ledger, ctx.trace, ctx.metrics):
             if lg is not None:
                 lg.close()

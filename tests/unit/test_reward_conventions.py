@@ -1,4 +1,4 @@
-"""harness.reward_conventions: a verl or EasyR1 reward function called from the harness's one calling form (TRL's
+"""harness.rewards.conventions: a verl or EasyR1 reward function called from the harness's one calling form (TRL's
 reward_funcs signature) the way its own framework calls it; wrong returns named; signatures checked from their
 parameters alone. The functions below are modelled on verl's verl/utils/reward_score/gsm8k.py and EasyR1's
 examples/reward_function/{math,r1v}.py (same key names and signatures; the grading simplified, no mathruler)."""
@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from harness.reward_conventions import (RESERVED, RewardResultError, adapt, declared_reward_type, easyr1_target,
+from harness.rewards.conventions import (RESERVED, RewardResultError, adapt, declared_reward_type, easyr1_target,
                                         kwargs_problem, signature_problem, verl_target)
 
 # --- the calling form: what the harness passes

@@ -10,7 +10,7 @@ import pytest
 
 from harness.accounting.logs import AppendLog, read_rows
 from harness.accounting.ledger import HarnessReward
-from harness.reward_fns import Rewards
+from harness.rewards.functions import Rewards
 from harness.rounds import GenerationRound
 
 

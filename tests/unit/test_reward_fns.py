@@ -1,4 +1,4 @@
-"""Your own reward (harness.reward_fns): targets found and checked without importing them, their identity, the
+"""Your own reward (harness.rewards.functions): targets found and checked without importing them, their identity, the
 one calling form, the built-in as one implementation of it, and every bad reward refused naming the function."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from harness.reward_fns import BUILTIN, RewardFunctionError, Rewards, ast_params, reward_problems, split_target
-from harness.reward_identity import reward_identity
+from harness.rewards.functions import BUILTIN, RewardFunctionError, Rewards, ast_params, reward_problems, split_target
+from harness.rewards.identity import reward_identity
 from harness.rewards import RewardCfg, answer_reward, score
 
 ROWS = [
@@ -249,7 +249,7 @@ def test_identity_follows_the_code_not_the_comments(reward_file, tmp_path):
 def test_the_code_digest_ignores_layout_only(tmp_path):
     """Two layouts of one code are one digest; a coding declaration decodes the literals as the import does; a file
     that does not parse is digested as bytes."""
-    from harness.reward_identity import code_sha256
+    from harness.rewards.identity import code_sha256
 
     a, b, c = tmp_path / "a.py", tmp_path / "b.py", tmp_path / "c.py"
     a.write_text(GOOD)
@@ -269,7 +269,7 @@ def test_eval_refuses_a_reward_edited_since_the_run(reward_file):
     """python -m harness.eval of a run: the same code scores it (a comment edit too), an edited code is refused; a run
     planned before code_sha256 (its identity has the file's bytes) is checked on the bytes."""
     from harness.errors import ResumeMismatchError
-    from harness.reward_identity import check_sources
+    from harness.rewards.identity import check_sources
 
     _, write = reward_file
     target = write(GOOD)

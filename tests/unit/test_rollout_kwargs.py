@@ -8,7 +8,7 @@ import enum
 import pytest
 from omegaconf import OmegaConf
 
-from harness.answers import ANSWER_REGEX
+from harness.rewards.answers import ANSWER_REGEX
 from harness.config.compose import compose
 from harness.identity import to_jsonable
 from harness.rollout import rollout_kwargs

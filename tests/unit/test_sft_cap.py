@@ -13,7 +13,7 @@ from arms.sft.trainer import loss_tokens, row_loss_tokens
 def env(tmp_path_factory):
     from harness.data import ensure_synthetic, load_split
     from harness.models import build_tiny
-    from harness.trainsets import corpus
+    from harness.data.trainsets import corpus
 
     tmp = tmp_path_factory.mktemp("sftcap")
     root = ensure_synthetic(n_base=30, data_seed=0, image_size=56, cache_dir=tmp / "data")
@@ -40,7 +40,7 @@ def build(env, *overrides: str, chunk: int | None = None):
     from arms.sft.trainer import apply_loss_token_cap
     from harness.cli import compose_plan
     from harness.models import fastvision, imagecache, load_tiny
-    from harness.trainsets import sft_dataset
+    from harness.data.trainsets import sft_dataset
 
     plan = compose_plan(["arm=sft", f"output_root={env['tmp']}", "budget.max_steps=1000", *overrides])
     model, processor = load_tiny(env["model_dir"])

@@ -143,7 +143,7 @@ def env(tmp_path_factory):
     """A small synthetic set and a tiny random Qwen2-VL, built once for the module."""
     from harness.data import ensure_synthetic, load_split
     from harness.models import build_tiny
-    from harness.trainsets import corpus
+    from harness.data.trainsets import corpus
 
     tmp = tmp_path_factory.mktemp("arms")
     root = ensure_synthetic(n_base=8, data_seed=0, image_size=56, cache_dir=tmp / "data")
@@ -168,7 +168,7 @@ def build(env, arm: str, *overrides: str, model=None):
     from arms.common import BuildContext
     from harness.cli import compose_plan
     from harness.models import load_tiny, special_token_ids_to_suppress
-    from harness.trainsets import rl_dataset
+    from harness.data.trainsets import rl_dataset
 
     plan = compose_plan([f"arm={arm}", "debug=tiny", f"output_root={env['tmp']}", "arm.prompts_per_step=2",
                          "arm.num_generations=4", "arm.max_completion_length=6",
@@ -315,8 +315,8 @@ def test_evi_po_direction_scores_are_the_candidates_teacher_forced_logprobs(env)
     """Re-derive s(c|v) for each owner row with one unpadded forward per candidate, straight through the model."""
     import json
 
-    from harness.answers import candidate_tokens
-    from harness.answers import format_answer
+    from harness.rewards.answers import candidate_tokens
+    from harness.rewards.answers import format_answer
 
     evi, model = build(env, "evi_po", "arm.lambda_evidence=0")
     assert evi.temperature != 1.0  # a tempered score would then differ from the reference

@@ -26,7 +26,7 @@ def vllm_node(monkeypatch):
 def test_vllm_rollout_maps_to_grpo_config(vllm_node, plan_of, tmp_path, option, mode):
     from trl import GRPOConfig
 
-    from harness.answers import ANSWER_REGEX
+    from harness.rewards.answers import ANSWER_REGEX
 
     plan = plan_of(f"rollout={option}", "rollout.importance_sampling_mode=token_truncate",
                    "rollout.importance_sampling_clip_max=2.0", "rollout.tensor_parallel_size=2")
@@ -58,7 +58,7 @@ def test_vllm_mapping_builds_a_grpo_config_that_keeps_every_field(vllm_node, pla
     ("Your setup doesn't support bf16/gpu"): that case is the gpu tests' (tests/integration/test_gpu.py)."""
     from trl import GRPOConfig
 
-    from harness.answers import ANSWER_REGEX
+    from harness.rewards.answers import ANSWER_REGEX
 
     plan = plan_of(f"rollout={option}", "rollout.gpu_memory_utilization=0.45", "rollout.tensor_parallel_size=2",
                    "rollout.enable_sleep_mode=true", "rollout.server_host=10.0.0.7", "rollout.server_port=8123",

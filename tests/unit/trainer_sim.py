@@ -3,7 +3,7 @@
 The harness's callbacks (budget, halt, checkpoints) are driven by transformers' own CallbackHandler and
 DefaultFlowCallback in the order Trainer.train drives them (step begin, sampling, step end, save, stop). Each step
 that opens a generation round writes the ledger and trace rows HarnessReward writes, with token counts the test
-chooses. The rank's RunContext comes from the train stage's own open_logs (share, resume totals, frontiers).
+chooses. The rank's RunContext comes from the recipe's own open_context (share, resume totals, frontiers).
 
 Several ranks run as threads; the torch.distributed collectives the harness calls (all_reduce, all_gather_object,
 broadcast_object_list, barrier) rendezvous between them (Ranks). A rank that enters a collective another rank has
@@ -33,7 +33,7 @@ from harness.run.context import RunContext
 from harness.run.checkpoint_callback import CheckpointCallback
 from harness.halt import Halt
 from harness.run.stages.resume import ResumePoint
-from harness.run.stages.train import open_logs
+from harness.run.recipe import open_context
 
 Tokens = Callable[[int, int, int], int]  # (rank, sampling step index, local completion index) -> sampled tokens
 
@@ -72,7 +72,7 @@ class Ranks:
 
     @contextmanager
     def as_rank(self, r: int):
-        """This thread acts as rank `r` (e.g. open_logs of one rank, outside a run)."""
+        """This thread acts as rank `r` (e.g. open_context of one rank, outside a run)."""
         before = self.rank()
         self._local.rank = r
         try:
@@ -199,7 +199,7 @@ def train(plan, run_dir: Path, ranks: Ranks, tokens: Tokens, *, resume: ResumePo
                            save_strategy=SaveStrategy.STEPS, eval_delay=0)
 
     def one_rank(r: int) -> RankRun:
-        ctx = open_logs(plan, run_dir, resume)
+        ctx = open_context(plan, run_dir, resume)
         halt = Halt()
         callbacks = [DefaultFlowCallback(), BudgetCallback(ctx), HaltCallback(ctx, halt, stop_after),
                      CheckpointCallback(ctx, keep_last=keep_last)]

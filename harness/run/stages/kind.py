@@ -44,7 +44,7 @@ class SftRun(KindRun):
     """Supervised: whole rows over seeded passes; the loss tokens its trainer planned."""
 
     def trainset(self, plan, data, policy, ctx):
-        from harness.trainsets import sft_dataset, sft_passes
+        from harness.data.trainsets import sft_dataset, sft_passes
 
         cfg = plan.cfg
         passes = sft_passes(cfg.arm, cfg.budget.max_steps, len(data.train_rows))
@@ -118,7 +118,7 @@ class RlRun(KindRun):
     def trainset(self, plan, data, policy, ctx):
         from harness.accounting.ledger import HarnessReward, provenance_of
         from harness.eval.during import plan_rewards
-        from harness.trainsets import rl_dataset
+        from harness.data.trainsets import rl_dataset
 
         dataset = rl_dataset(data.root, data.train_rows, is_vlm=plan.cfg.model.is_vlm)
         return dataset, HarnessReward(ctx, rewards=plan_rewards(plan), eos_token_ids=policy.eos_token_ids,

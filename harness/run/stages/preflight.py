@@ -142,7 +142,7 @@ def _prompts(plan, data, processor) -> dict:
 
 
 def _sft_rows(plan, data, processor) -> dict:
-    from harness.answers import format_answer
+    from harness.rewards.answers import format_answer
 
     full = count_tokens(processor, data.root, data.train_rows, is_vlm=plan.cfg.model.is_vlm,
                         completions=[format_answer(r["target"]) for r in data.train_rows])

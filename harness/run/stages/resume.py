@@ -73,6 +73,18 @@ class ResumePoint:
         """This rank's log frontiers at the checkpoint (ledger, trace, metrics), as JSON."""
         return self.manifest.get("frontier", {}).get(f"rank-{rank}", {})
 
+    def stays_paused(self, stop_after: int | None) -> None:
+        """budget.stop_after_steps=N (`stop_after`) with a resumable checkpoint at step >= N: the run stays paused,
+        nothing runs (harness.halt.Halted "paused")."""
+        step = self.manifest.get("step") if self.checkpoint is not None else None
+        if stop_after is not None and step is not None and step >= stop_after and not self.permanent:
+            from harness.halt import Halted
+
+            self.confirm()  # paused at an intact checkpoint
+            log.info("budget.stop_after_steps=%d: the run is at step %d already (%s); it stays paused. Run the same "
+                     "command without budget.stop_after_steps to continue.", stop_after, step, self.checkpoint.name)
+            raise Halted("paused", step, self.checkpoint.name)
+
     def totals(self, rank: int) -> dict:
         """This rank's counters recorded by the checkpoint (a single-process checkpoint has only `totals`)."""
         if not self.manifest:
@@ -244,6 +256,23 @@ def _check_explicit(explicit: str | None, chosen: Path | None) -> None:
             f"({chosen.name if chosen else 'there is none'}); resuming from it would silently roll the run back.\n"
             "    fix: drop resume_from (the run continues from its newest complete checkpoint), or start a new run "
             "(another output_root) from that checkpoint with arm.init=<its path>")
+
+
+def audit_the_resume(resume: ResumePoint, trainer, model, ctx, *, full_tuning: bool) -> None:
+    """On resume: the resume audit (harness.run.audit) proves every piece of restored state before the first step,
+    and a full fine-tune (`full_tuning`) whose checkpoint names tensors the model does not is loaded strictly first.
+    `ctx`: this rank's RunContext."""
+    if resume.checkpoint is None:
+        return
+    from harness.run.audit import ResumeAuditCallback
+
+    audit = ResumeAuditCallback(ctx.run_dir, resume.checkpoint, rank=ctx.rank, confirm=resume.confirm)
+    audit.attach(trainer)
+    # first of all at on_train_begin: a checkpoint found damaged there stops the start before any other
+    # callback begins (a recorder, a watchdog) in the attempt the run then abandons
+    trainer.callback_handler.callbacks.insert(0, audit)
+    if full_tuning and not stock_resume() and needs_strict_load(model, resume.checkpoint):
+        load_full_weights_strictly(model, resume.checkpoint)
 
 
 def needs_strict_load(model, checkpoint: Path) -> bool:

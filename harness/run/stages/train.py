@@ -1,7 +1,7 @@
-"""The train stage: this rank's logs opened at the resume point's frontiers, the init policy evaluated
-(RL arms, fresh runs: harness.eval.during), the arm's TRL trainer built from the registry with the harness
-callbacks (budget, metrics, checkpoints; the resume audit on resume), and trained. The run's loggers are
-opened before and every logger is closed after, also on failure (harness.run.loggers)."""
+"""The train stage: the arm's TRL trainer built from the registry with the harness callbacks (budget, metrics,
+checkpoints, the periodic eval; the resume audit is harness.run.stages.resume's), what training leaves
+(`Trained`), a run finished from its final checkpoint, and the error of too many non-finite gradients. The
+recipe (harness.run.recipe) opens this rank's logs before and trains it."""
 
 from __future__ import annotations
 
@@ -13,8 +13,6 @@ from types import SimpleNamespace
 
 from arms import build_trainer
 from arms.common import BuildContext
-from harness import dist
-from harness.accounting.logs import METRICS_PATH, AppendLog, Frontier
 from harness.run.callbacks import (BudgetCallback, FirstStepCallback, HaltCallback, MetricsCallback,
                                    NonFiniteCallback, QuietProgressCallback, SignalCallback, TrackioCallback,
                                    WatchdogCallback)
@@ -23,11 +21,10 @@ from harness.run.context import RunContext, TrainerLink
 from harness.errors import NonFiniteError, Problem
 from harness.diagnostics import StackDumps
 from harness.eval.during import periodic_eval
-from harness.halt import Halt, Halted
-from harness.policy import Policy, device_of
+from harness.halt import Halt
+from harness.policy import Policy
 from harness.run.stages.kind import kind_run
-from harness.run.stages.resume import (ResumePoint, load_final_weights, load_full_weights_strictly, needs_strict_load,
-                                   stock_resume)
+from harness.run.stages.resume import ResumePoint, load_final_weights
 
 log = logging.getLogger("harness")
 
@@ -40,23 +37,6 @@ class Trained:
     evals: dict = field(default_factory=dict)  # {"before": result} when the init was evaluated here
 
 
-def open_logs(plan, run_dir: Path, resume: ResumePoint) -> RunContext:
-    """This rank's RunContext, the one place that builds it (harness.run.context): metrics (rank 0), ledger and trace
-    (RL) reopened at the checkpoint's frontier, and the counters the checkpoint recorded (no need to re-read the
-    ledger)."""
-    rank, world = dist.rank(), dist.world_size()
-    fr = resume.frontier(rank)
-    opened = lambda key, rel: AppendLog(run_dir, rel, Frontier.from_json(fr[key]) if key in fr else None)  # noqa: E731
-    totals = resume.manifest.get("totals") or {}
-    return RunContext(run_dir=run_dir, plan=plan, rank=rank, world=world,
-                      metrics=opened("metrics", METRICS_PATH) if dist.is_main() else None,
-                      nonfinite_steps=totals.get("nonfinite_steps", 0),
-                      # the run's final checkpoint: training is over, and its end is as the checkpoint recorded it
-                      stopped_by_budget=bool(resume.permanent and totals.get("stopped_by_budget")),
-                      # RL: ledger and trace at the frontier, the token counters, the learning-signal monitor
-                      **kind_run(plan.kind).open_logs(plan, run_dir, rank, world, resume, opened))
-
-
 def build(plan, run_dir: Path, data, policy: Policy, ctx: RunContext, resume: ResumePoint, halt: Halt | None = None,
           dumps: StackDumps | None = None, clock=None):
     """The arm's trainer with the harness's callbacks, its counters restored on resume. `halt`: this process's
@@ -64,7 +44,7 @@ def build(plan, run_dir: Path, data, policy: Policy, ctx: RunContext, resume: Re
     `clock` (harness.run.recipe.Phases): marked at this process's first optimizer step."""
     from transformers.trainer_callback import ProgressCallback
 
-    from harness.faults import install_kill_switch
+    from harness.faults import step_callbacks
 
     cfg = plan.cfg
     dataset, reward = kind_run(plan.kind).trainset(plan, data, policy, ctx)  # RL: prompts, and the ledger's reward function
@@ -84,9 +64,10 @@ def build(plan, run_dir: Path, data, policy: Policy, ctx: RunContext, resume: Re
         callbacks.append(TrackioCallback())
     if clock is not None:
         callbacks.append(FirstStepCallback(clock))
+    callbacks += step_callbacks(plan.kind, plan.run_name)  # tests only (harness.faults): after the harness's own
     bctx = BuildContext(plan=plan, run_dir=run_dir, model=policy.model, processor=policy.processor,
                         train_dataset=dataset, callbacks=callbacks, reward_fn=reward,
-                        suppress_token_ids=policy.suppress_token_ids, device=device_of(plan), world=ctx.world)
+                        suppress_token_ids=policy.suppress_token_ids, device=policy.device, world=ctx.world)
     trainer = build_trainer(plan.arm, bctx)
     link.bind(trainer)
     if resume.checkpoint is not None and hasattr(trainer, "restore_checkpoint_totals"):
@@ -95,24 +76,7 @@ def build(plan, run_dir: Path, data, policy: Policy, ctx: RunContext, resume: Re
     trainer.remove_callback(ProgressCallback)  # Trainer.__init__ adds its bar after the callbacks it is given
     if sys.stderr.isatty():  # a bar for a terminal; in a log file its frames would glue onto the step lines
         trainer.add_callback(QuietProgressCallback(ctx))
-    install_kill_switch(trainer, plan)  # tests only (harness.faults)
     return trainer
-
-
-def audit_the_resume(plan, trainer, model, resume: ResumePoint, ctx: RunContext) -> None:
-    """On resume: the resume audit (harness.run.audit) proves every piece of restored state before the first step, and
-    a full fine-tune whose checkpoint names tensors the model does not is loaded strictly first."""
-    if resume.checkpoint is None:
-        return
-    from harness.run.audit import ResumeAuditCallback
-
-    audit = ResumeAuditCallback(ctx.run_dir, resume.checkpoint, rank=ctx.rank, confirm=resume.confirm)
-    audit.attach(trainer)
-    # first of all at on_train_begin: a checkpoint found damaged there stops the start before any other
-    # callback begins (a recorder, a watchdog) in the attempt the run then abandons
-    trainer.callback_handler.callbacks.insert(0, audit)
-    if plan.cfg.model.tuning == "full" and not stock_resume() and needs_strict_load(model, resume.checkpoint):
-        load_full_weights_strictly(model, resume.checkpoint)
 
 
 def nonfinite_error(plan, run_dir: Path, ctx: RunContext) -> NonFiniteError:
@@ -127,17 +91,6 @@ def nonfinite_error(plan, run_dir: Path, ctx: RunContext) -> NonFiniteError:
                       "lower arm.learning_rate, check model.dtype and the data; or raise train.max_nonfinite_steps to "
                       "skip more such steps")
     return NonFiniteError(f"NonFiniteError: {problem.render()}")
-
-
-def already_paused(plan, resume: ResumePoint) -> None:
-    """budget.stop_after_steps=N with a resumable checkpoint at step >= N: the run stays paused (nothing runs)."""
-    stop_after = plan.cfg.budget.stop_after_steps
-    step = resume.manifest.get("step") if resume.checkpoint is not None else None
-    if stop_after is not None and step is not None and step >= stop_after and not resume.permanent:
-        resume.confirm()  # paused at an intact checkpoint
-        log.info("budget.stop_after_steps=%d: the run is at step %d already (%s); it stays paused. Run the same "
-                 "command without budget.stop_after_steps to continue.", stop_after, step, resume.checkpoint.name)
-        raise Halted("paused", step, resume.checkpoint.name)
 
 
 def finish_from_final_checkpoint(plan, trainer, model, resume: ResumePoint, ctx: RunContext):

@@ -6,13 +6,13 @@ Every reward function is called in one form, TRL's `reward_funcs` signature:
 
 with the columns (one entry per completion) target, answer_type, relation, question, key, choices, meta,
 truncated, data_source, plus trainer_state (None in eval) and the function's own reward.kwargs. A function
-written for verl or EasyR1 is called their way (reward.convention, harness.reward_conventions). The built-in
+written for verl or EasyR1 is called their way (reward.convention, harness.rewards.conventions). The built-in
 relation-aware reward (`harness.rewards:answer_reward`) is the default and one implementation of the form.
 
     total = main + sum(weight x component)
 
 The plan checks every target without importing it (`reward_problems`: the file or module exists, the name is a
-top-level function whose parameters fit the convention) and records its identity (harness.reward_identity: the
+top-level function whose parameters fit the convention) and records its identity (harness.rewards.identity: the
 target, the sha256 of its source file and of its parsed code). The code digest is the one compared, and the run name
 carries it: an edited reward is a new run, a comment or a reformat the same run. The run loads
 them (`Rewards`), and refuses a call's result that is not one finite number per completion, naming the function, the
@@ -225,7 +225,7 @@ def reward_problems(reward: Mapping[str, Any]) -> list[Problem]:
             problems.append(Problem(f"reward.{k}", v, f"weighs a term of the built-in reward, which reward._target_="
                                     f"{main.target} replaces: it would change nothing",
                                     f"drop reward.{k}, or add the term to your function or as a reward.components entry"))
-    from harness.reward_conventions import kwargs_problem, signature_problem
+    from harness.rewards.conventions import kwargs_problem, signature_problem
 
     for ref in refs:
         kw_field = ref.field.replace("._target_", ".kwargs").replace("reward._target_", "reward.kwargs")
@@ -251,8 +251,8 @@ def reward_problems(reward: Mapping[str, Any]) -> list[Problem]:
 
 
 def _user_traceback(exc: BaseException) -> str:
-    """The traceback of the user's code: the frames of this module and of harness.reward_conventions dropped."""
-    ours = (__file__, str(Path(__file__).with_name("reward_conventions.py")))
+    """The traceback of the user's code: the frames of this module and of harness.rewards.conventions dropped."""
+    ours = (__file__, str(Path(__file__).with_name("conventions.py")))
     tb = exc.__traceback__
     while tb is not None and tb.tb_frame.f_code.co_filename in ours:
         tb = tb.tb_next
@@ -293,7 +293,7 @@ def load(ref: FnRef) -> Callable:
 
 
 def _finite(ref: FnRef, values: list[float], keys: Sequence[str]) -> list[float]:
-    """The adapter's floats (harness.reward_conventions checked one number per completion), refused when one is NaN or
+    """The adapter's floats (harness.rewards.conventions checked one number per completion), refused when one is NaN or
     inf, naming the function and the completion."""
     for i, x in enumerate(values):
         if not math.isfinite(x):
@@ -308,7 +308,7 @@ class Rewards:
     `components` are the reward's, and `parsed`/`prediction`/`gold`/`parser_error` the answer schema's reading."""
 
     def __init__(self, reward: Mapping[str, Any], data_source: str = ""):
-        from harness.rewards import reward_config
+        from harness.rewards.builtin import reward_config
 
         refs = fn_refs(reward)
         if refs and isinstance(refs[0], Problem):
@@ -328,7 +328,7 @@ class Rewards:
 
     @staticmethod
     def _adapted(ref: FnRef) -> Callable:
-        from harness.reward_conventions import adapt, declared_reward_type
+        from harness.rewards.conventions import adapt, declared_reward_type
 
         reward_type = None
         if ref.convention == "easyr1":  # EasyR1 reads REWARD_TYPE from the file it loads, not from the function's module
@@ -351,7 +351,7 @@ class Rewards:
 
     def _call(self, i: int, prompts, completions, completion_ids, columns: dict, trainer_state, n: int,
               keys: Sequence[str]) -> list[float]:
-        from harness.reward_conventions import RewardResultError
+        from harness.rewards.conventions import RewardResultError
 
         ref = self.refs[i]
         try:
@@ -375,7 +375,7 @@ class Rewards:
               truncated: Sequence[bool], trainer_state=None) -> list:
         """One ScoreTrace per completion: the reward (total, components, correct) and the answer schema's reading.
         Every function is called before anything is returned: a failing call leaves nothing half-scored."""
-        from harness.rewards import completion_text, score
+        from harness.rewards.builtin import completion_text, score
 
         n = len(completions)
         traces = [score(completion_text(c), r, truncated=t, cfg=self.weights)

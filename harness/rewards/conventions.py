@@ -132,7 +132,7 @@ def _column(cols: Mapping[str, Any], key: str, n: int, default: Any = None) -> l
 
 
 def _texts(completions: Sequence[Any]) -> list[str]:
-    from harness.rewards import completion_text
+    from harness.rewards.builtin import completion_text
 
     return [completion_text(c) for c in completions]
 

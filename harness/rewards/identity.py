@@ -1,5 +1,5 @@
 """A reward's identity: what a run records of its reward functions, what a resume and an eval compare, and the part
-of the run name that carries it (harness.reward_fns finds and calls the functions).
+of the run name that carries it (harness.rewards.functions finds and calls the functions).
 
 - `reward_identity`: each function's target, the sha256 of its source file (`source_sha256`) and of its parsed code
   (`code_sha256`: comments, blank lines and layout left out), and one digest over them, which the run name carries
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from harness.errors import Problem
-from harness.reward_fns import BUILTIN, fn_refs, split_target
+from harness.rewards.functions import BUILTIN, fn_refs, split_target
 
 
 def file_digests(file: str | None) -> tuple[str | None, str | None]:

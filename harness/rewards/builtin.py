@@ -3,7 +3,7 @@
     total = correct_term + format_term + invalid_term
 
 - correct_term = cfg.correct when the completion is valid and its normalized answer equals the
-  view's target in target space (harness.answers): abstaining ("" after normalization) is
+  view's target in target space (harness.rewards.answers): abstaining ("" after normalization) is
   correct only on MISSING views, and on MISSING any non-abstention is wrong. Else 0.
 - format_term = cfg.format_weight for a valid completion (well-formed and not truncated), right
   or wrong; 0 otherwise.
@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping, Protocol
 
-from harness.answers import normalize_answer, normalize_target, parse_answer
+from harness.rewards.answers import normalize_answer, normalize_target, parse_answer
 from harness.identity import canonical_json
 
 
@@ -53,7 +53,7 @@ class ScoreTrace:
     gold: str  # the view's target in target space
     components: dict[str, float]  # correct, format, invalid
     total: float
-    parser_error: str | None  # harness.answers error code, or "truncated"
+    parser_error: str | None  # harness.rewards.answers error code, or "truncated"
     relation: str
     truncated: bool
     answer_type: str

@@ -15,12 +15,12 @@ import json
 import random
 from pathlib import Path
 
-from harness.answers import format_answer, normalize_target, prompt_text
+from harness.rewards.answers import format_answer, normalize_target, prompt_text
 from harness.data import row_key
 
 
 def reward_record(row: dict) -> str:
-    """The `row` column: what the reward functions read of a row (harness.reward_fns.Rewards.columns)."""
+    """The `row` column: what the reward functions read of a row (harness.rewards.functions.Rewards.columns)."""
     return json.dumps({"key": row_key(row), "relation": row["relation"], "answer_type": row["answer_type"],
                        "target": row["target"], "choices": row.get("choices"), "question": row["question"],
                        "meta": row.get("meta")}, sort_keys=True)
