@@ -76,6 +76,11 @@ SIZES = {  # name: (Qwen2Config shape, dtype name)
     "0.5b": (dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14), "float32"),
     "1.5b": (dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12), "bfloat16"),
 }
+# tests/unit/test_bench_checkpoint.py: every step of both sides, in seconds (a figure of it means nothing)
+SHAPES = {**SIZES, "test": (dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                  vocab_size=512), "float32")}
+# what find reads of the plan: no explicit resume_from
+PLAN = SimpleNamespace(cfg=SimpleNamespace(resume_from=None))
 # what publish and find read of a run's identity (harness.rundir.identity_diffs): realistic shapes, fixed values
 IDENTITY = {"config_sha256": "0" * 64, "semantic_sha256": "1" * 64, "data": {"sha256": "2" * 64},
             "model": {"sha256": "3" * 64}, "teacher": None, "code": {"sha256": "4" * 64}}
@@ -150,7 +155,7 @@ def harness_resume(trainer, run_dir: Path, step: int, whole: bool = True) -> dic
         build_policy(run_dir / "base")
         t = _lap(laps, "model build", t)
     # deep: files re-hashed (with CheckAhead, those its thread has not hashed yet are left to confirm, below)
-    point = resume.find(SimpleNamespace(config={}), run_dir, *([ahead] if ahead else []))
+    point = resume.find(PLAN, run_dir, *([ahead] if ahead else []))
     assert point.checkpoint is not None and point.checkpoint.name == f"checkpoint-{step}", point
     t = _lap(laps, "deep check", t)
     ckpt = point.checkpoint
@@ -215,9 +220,9 @@ def build(size: str, run_dir: Path):
     from harness.accounting.checkpoint import CHECKPOINTS_DIR
     from harness.rundir import MANIFEST, atomic_write_json
 
-    shape, dtype = SIZES[size]
+    shape, dtype = SHAPES[size]
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(Qwen2Config(**QWEN25, **shape), dtype=getattr(torch, dtype))
+    model = AutoModelForCausalLM.from_config(Qwen2Config(**{**QWEN25, **shape}), dtype=getattr(torch, dtype))
     model.save_pretrained(run_dir / "base")  # what a resumed process builds its model from (build_policy)
     args = TrainingArguments(output_dir=str(run_dir / CHECKPOINTS_DIR), save_strategy="steps", report_to=[],
                              use_cpu=True, learning_rate=1e-5, disable_tqdm=True)
@@ -248,15 +253,16 @@ def peak_rss_gib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # kB on Linux
 
 
-def bench_size(size: str, rounds: int, tmp: Path) -> dict:
-    """Time `rounds` rounds of both sides at `size`; print the rounds and the summary; return the ratios."""
+def bench_size(size: str, rounds: int, tmp: Path, works: tuple[str, ...] = WORKS) -> dict:
+    """Time `rounds` rounds of both sides at `size`, of each of `works`; print the rounds and the summary; return
+    the ratios."""
     run_dir = tmp / f"run-{size}"
     t0 = time.perf_counter()
     trainer = build(size, run_dir)
     params = sum(p.numel() for p in trainer.model.parameters())
-    print(f"\n{size}: {params:,} parameters ({SIZES[size][1]}), built in {time.perf_counter() - t0:.1f} s", flush=True)
-    secs = {(s, w): [] for s in SIDES for w in WORKS}
-    parts = {w: [] for w in WORKS}  # the harness side's laps, per round
+    print(f"\n{size}: {params:,} parameters ({SHAPES[size][1]}), built in {time.perf_counter() - t0:.1f} s", flush=True)
+    secs = {(s, w): [] for s in SIDES for w in works}
+    parts = {w: [] for w in works}  # the harness side's laps, per round
     nbytes = 0
     # round 0 warms up, not counted: the first pass pays first-use costs (page cache, allocator) the others don't
     for r in range(rounds + 1):
@@ -265,6 +271,8 @@ def bench_size(size: str, rounds: int, tmp: Path) -> dict:
             step = 2 * r + (side == "bare") + 1  # each save its own directory
             ckpt_dir = run_dir / "checkpoints" / f"checkpoint-{step}"
             for work, fn in zip(WORKS, SIDES[side]):
+                if work not in works:
+                    continue
                 settle()
                 if work == "cold resume" and not drop_page_cache():
                     got[side, work] = float("nan")
@@ -282,7 +290,7 @@ def bench_size(size: str, rounds: int, tmp: Path) -> dict:
             secs[key].append(s)
         print(f"{f'round {r}' if r else 'warm-up'}: " + "  ".join(
             f"{w} harness {got['harness', w]:6.2f} s bare {got['bare', w]:6.2f} s "
-            f"(x{got['harness', w] / got['bare', w]:.3f})" for w in WORKS)
+            f"(x{got['harness', w] / got['bare', w]:.3f})" for w in works)
               + f"  load {os.getloadavg()[0]:.1f}", flush=True)
     del trainer
     gc.collect()
@@ -292,7 +300,7 @@ def bench_size(size: str, rounds: int, tmp: Path) -> dict:
           f"adds its manifest); {rounds} rounds")
     print(f"  {'work':10} {'harness':>9} {'GB/s':>6} {'bare':>9} {'GB/s':>6}  paired ratio (per round)")
     ratios = {}
-    for w in WORKS:
+    for w in works:
         if any(x != x for x in secs["harness", w]):  # nan: the page cache could not be dropped (not root)
             print(f"  {w}: not measured (dropping the page cache needs root)")
             continue
