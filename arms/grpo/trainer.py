@@ -45,6 +45,16 @@ def build_trainer(ctx: BuildContext, trainer_cls=None, config_cls=None, **extra_
     from trl import GRPOConfig, GRPOTrainer
 
     args = (config_cls or GRPOConfig)(**grpo_config_kwargs(ctx), **extra_config)
+    extra = {}
+    if ctx.plan.cfg.rollout.mode.value == "async":  # rounds sampled ahead by another process (harness.offpolicy)
+        from arms.offpolicy import OffPolicyGRPOTrainer
+        from harness.offpolicy.process import SamplerProcess
+
+        if trainer_cls is not None:  # the plan refuses it (harness.config.checks.NOT_OFF_POLICY); never silently
+            raise RuntimeError(f"rollout=async trains arm=grpo only, not {trainer_cls.__name__}")
+        trainer_cls = OffPolicyGRPOTrainer
+        extra["sampler"] = SamplerProcess(ctx.run_dir, lag=ctx.plan.cfg.rollout.lag, cycle=ctx.plan.round.cycle,
+                                          token_share=getattr(getattr(ctx.reward_fn, "ctx", None), "token_share", None))
     trainer = (trainer_cls or GRPOTrainer)(
         model=ctx.model,
         reward_funcs=[ctx.reward_fn],
@@ -52,6 +62,7 @@ def build_trainer(ctx: BuildContext, trainer_cls=None, config_cls=None, **extra_
         train_dataset=ctx.train_dataset,
         processing_class=ctx.processor,
         callbacks=ctx.callbacks,
+        **extra,
     )
     trainer.generation_round = ctx.plan.round
     return trainer

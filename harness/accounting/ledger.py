@@ -87,8 +87,11 @@ class HarnessReward:
             if not math.isfinite(tr.total):  # a NaN reward would poison the group's advantages without a trace
                 raise ValueError(f"the reward of completion {cid} is {tr.total} (components {tr.components}): "
                                  "rewards must be finite; check reward.*")
-            ctx.ledger.append({"completion_id": cid, "tokens": len(ids), "terminated": not tr.truncated, "step": step,
-                               "view": record["key"]})
+            entry = {"completion_id": cid, "tokens": len(ids), "terminated": not tr.truncated, "step": step,
+                     "view": record["key"]}
+            if ctx.sampled_version is not None:  # rollout=async: the weights that sampled it, and their age
+                entry.update(policy_version=ctx.sampled_version, policy_age=rnd.index(step) - ctx.sampled_version)
+            ctx.ledger.append(entry)
             rows.append({
                 "completion_id": cid, "reward": tr.total, "components": tr.components, "parsed": tr.parsed,
                 "prediction": tr.prediction, "gold": tr.gold, "parser_error": tr.parser_error,

@@ -21,6 +21,7 @@ from harness.config.schema import (
     JsonlData,
     PlacementKind,
     RolloutBackend,
+    RolloutMode,
     Source,
     SyntheticData,
     Tuning,
@@ -308,6 +309,53 @@ def check_sharded_placement(cfg: Config, out: Findings) -> None:
                   "use placement=ddp on CPU (gloo), or run on a GPU node")
 
 
+#: Why an arm cannot train on rounds sampled ahead of it (rollout=async); grpo can.
+NOT_OFF_POLICY = {
+    "papo": "its masked-image KL and entropy terms score the sampled completions under the current policy with no "
+            "importance weight, so rounds sampled by older weights would bias them",
+    "evi_po": "its evidence and direction terms re-score the sampled completions under the current policy with no "
+              "importance weight, so rounds sampled by older weights would bias them",
+    "opd": "TRL's distillation trainer samples inside its own loss and has no importance-sampling correction",
+    "sft": "it samples nothing",
+}
+
+
+def check_offpolicy(cfg: Config, out: Findings) -> None:
+    """rollout=async (harness.offpolicy): what the sampler process and the decoupled correction can honour."""
+    r = cfg.rollout
+    if r.mode is not RolloutMode["async"]:
+        for key, default in (("lag", 1), ("max_policy_age", 4)):
+            if getattr(r, key) != default:
+                out.error(f"rollout.{key}", getattr(r, key), "applies to off-policy rounds only (rollout.mode=sync)",
+                          f"use rollout=async, or drop rollout.{key}")
+        return
+    if cfg.arm.name in NOT_OFF_POLICY:
+        out.error("rollout", r.name, f"arm={cfg.arm.name} cannot train on rounds sampled ahead of it: "
+                  f"{NOT_OFF_POLICY[cfg.arm.name]}", f"use rollout=hf with arm={cfg.arm.name}, or arm=grpo")
+    if r.backend is not RolloutBackend.hf:
+        out.error("rollout.backend", r.backend.value, "the off-policy sampler generates with transformers (vLLM's "
+                  "asynchronous path is TRL's AsyncGRPOTrainer, which this harness does not map: docs/off-policy.md)",
+                  "use rollout=async (backend=hf)")
+    if cfg.placement.world_size != 1:
+        out.error("placement", cfg.placement.name, f"the off-policy sampler feeds one trainer rank, the job has "
+                  f"{cfg.placement.world_size}", "use placement=single with rollout=async")
+    if r.lag is None:
+        out.error("rollout.lag", None, "free-running rounds (no fixed lag) are not built yet", "set rollout.lag=k "
+                  f"(0 <= k <= rollout.max_policy_age={r.max_policy_age})")
+    elif r.lag > r.max_policy_age:
+        out.error("rollout.lag", r.lag, f"from round {r.max_policy_age + 1} on every round would be older than "
+                  f"rollout.max_policy_age={r.max_policy_age} and dropped", f"lower rollout.lag to at most "
+                  f"{r.max_policy_age}, or raise rollout.max_policy_age")
+    if not r.importance_sampling_correction:
+        out.error("rollout.importance_sampling_correction", False, "off-policy rounds are trained through the "
+                  "decoupled correction (TRL's importance-sampling ratio between the sampling and the training "
+                  "weights); without it the update is biased by the lag", "set it true (the default)")
+    elif r.importance_sampling_clip_min >= r.importance_sampling_clip_max:
+        out.error("rollout.importance_sampling_clip_min", r.importance_sampling_clip_min,
+                  f"must be below rollout.importance_sampling_clip_max ({r.importance_sampling_clip_max})",
+                  "lower clip_min (0.0 masks nothing from below) or raise clip_max")
+
+
 def check_rollout_and_placement(cfg: Config, out: Findings) -> None:
     r, p = cfg.rollout, cfg.placement
     if r.backend is RolloutBackend.vllm:
@@ -328,6 +376,7 @@ def check_rollout_and_placement(cfg: Config, out: Findings) -> None:
                       "lower clip_min (0.0 masks nothing from below) or raise clip_max")
     elif r.vllm_mode is not None:
         out.error("rollout.vllm_mode", r.vllm_mode.value, "is set but rollout.backend=hf", "unset it or use a vllm rollout")
+    check_offpolicy(cfg, out)
     if p.kind is PlacementKind.single and p.num_processes != 1:
         out.error("placement.num_processes", p.num_processes, "placement=single runs one process",
                   "use placement=ddp (or fsdp/deepspeed) for several processes")

@@ -81,6 +81,11 @@ class RolloutBackend(str, Enum):
     vllm = "vllm"
 
 
+# sync: TRL samples each round in the trainer, from the weights it trains (on-policy); async: a sampler process
+# samples rounds ahead of the trainer (harness.offpolicy). `async` is a keyword: the functional form names it.
+RolloutMode = Enum("RolloutMode", [("sync", "sync"), ("async", "async")], type=str)
+
+
 class VllmMode(str, Enum):
     colocate = "colocate"
     server = "server"

@@ -29,6 +29,7 @@ from harness.config.fields import (  # noqa: F401  (the vocabularies are read fr
     Family,
     ISCorrectionMode,
     Mode,
+    RolloutMode,
     PlacementKind,
     Resume,
     RewardConvention,
@@ -183,10 +184,18 @@ class RolloutConfig:
     server_host: str = f("127.0.0.1", "vllm-serve host (server mode)", semantic=False)
     server_port: int = f(8000, "vllm-serve port (server mode)", semantic=False, ge=1, le=65535)
     structured_output: bool = f(True, "constrain sampling to the answer-schema regex (vLLM only)")
-    importance_sampling_correction: bool = f(True, "correct the rollout/training mismatch (vLLM only)")
+    importance_sampling_correction: bool = f(True, "correct the sampling/training mismatch (vLLM; always on with rollout=async)")
     importance_sampling_mode: ISCorrectionMode = f(ISCorrectionMode.sequence_mask, "set explicitly: TRL's docstring and code disagree on the default")
     importance_sampling_clip_max: float = f(3.0, "upper cap of the IS ratio", gt=0.0)
     importance_sampling_clip_min: float = f(0.0, "lower cap of the IS ratio (mask modes)", ge=0.0)
+    mode: RolloutMode = f(RolloutMode.sync, "sync: the trainer samples each round from the weights it trains (on-policy); "
+                          "async: a sampler process samples rounds ahead into a buffer in the run dir, corrected by "
+                          "TRL's importance-sampling ratio (rollout=async, docs/off-policy.md)")
+    lag: Optional[int] = f(1, "rollout=async: the round trained at round r is sampled by the weights at the start of "
+                           "round max(0, r - lag) (rounds = optimizer steps when arm.steps_per_generation x "
+                           "num_iterations = 1); deterministic and resumable bit for bit", ge=0)
+    max_policy_age: int = f(4, "rollout=async: the cap on a trained round's policy age (rounds between the weights that "
+                            "sampled it and the weights that train it); rollout.lag must not exceed it", ge=1)
 
 
 @dataclass

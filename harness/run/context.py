@@ -60,6 +60,7 @@ class RunContext:
     round_rows: tuple[int, list] | None = None  # (step, this rank's scored completions) of the last round sampled
     signal: object | None = None  # harness.run.learning.Monitor of an RL run whose update the reward drives
     signal_metrics: dict | None = None  # the last round's signal/* values for the metrics row
+    sampled_version: int | None = None  # rollout=async: the policy version that sampled the round being scored
 
     def frontier(self) -> dict:
         if self.trace_pending:  # a checkpoint would bind a trace without them: they would be lost on resume

@@ -52,7 +52,7 @@ def test_groups_are_the_designed_ones():
         "logger": ["jsonl", "none", "tensorboard", "trackio", "wandb"],
         "model": ["qwen", "tiny_lm", "tiny_vlm"],
         "placement": ["ddp", "deepspeed", "deepspeed_zero3", "fsdp", "single"],
-        "rollout": ["hf", "vllm_colocate", "vllm_server"],
+        "rollout": ["async", "hf", "vllm_colocate", "vllm_server"],
     }
 
 

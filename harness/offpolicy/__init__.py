@@ -1,0 +1,48 @@
+"""Off-policy rounds (rollout=async): a sampler process samples each round ahead of the trainer, from a published
+policy version, into a durable buffer in the run dir; the trainer takes its rounds from the buffer and corrects
+them with TRL's importance-sampling ratio between the weights that sampled them and its own (decoupled PPO).
+
+    <run>/offpolicy/policy/version-<v>.safetensors  the trainable parameters at the start of round v (the trainer)
+    <run>/offpolicy/rounds/round-<r>.pt             round r as sampled (the sampler): its dataset rows, prompt and
+                                                    completion ids, per-token behaviour log-probs, the version that
+                                                    sampled it and the seed of its sampling RNG
+    <run>/offpolicy/sampler.log                     the sampler process's output (every start appends)
+
+With `rollout.lag=k` round r is sampled by version max(0, r - k): the sampler runs at most k rounds ahead, and a
+run is reproducible and resumable bit for bit (each round's sampling RNG is seeded by (seed, round), never by the
+position of a shared stream). Every file is written to a temporary name, fsynced and renamed: a file that is there
+is whole.
+
+Torch-free at import: the paths and the schedule are read by the control plane; harness.offpolicy.buffer and
+harness.offpolicy.sampler import torch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+DIR = "offpolicy"
+
+
+def root(run_dir: str | Path) -> Path:
+    return Path(run_dir) / DIR
+
+
+def version_path(run_dir: str | Path, version: int) -> Path:
+    return root(run_dir) / "policy" / f"version-{version:06d}.safetensors"
+
+
+def round_path(run_dir: str | Path, rnd: int) -> Path:
+    return root(run_dir) / "rounds" / f"round-{rnd:06d}.pt"
+
+
+def sampled_by(rnd: int, lag: int) -> int:
+    """The policy version (round whose starting weights) that samples round `rnd` at a fixed lag."""
+    return max(0, rnd - lag)
+
+
+def round_seed(seed: int, rnd: int) -> int:
+    """The seed of round `rnd`'s sampling RNG: a function of the run's seed and the round only, so a round sampled
+    again (a restarted sampler, a resumed run) draws the same tokens."""
+    return int.from_bytes(hashlib.sha256(f"offpolicy:{seed}:{rnd}".encode()).digest()[:4], "big")

@@ -1,0 +1,128 @@
+"""The off-policy buffer's files (harness.offpolicy): published policy versions and sampled rounds, each written
+whole (a temporary name, fsync, rename) and read back checked. Imports torch."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from harness.offpolicy import round_path, version_path
+
+POLL_S = 0.02  # how often a waiting side looks for the other's file
+
+
+@dataclass
+class Round:
+    """One sampled round: everything the trainer needs to train on it and the ledger to account for it."""
+
+    round: int
+    version: int  # the policy version (round whose starting weights) that sampled it
+    seed: int  # its sampling RNG's seed (harness.offpolicy.round_seed)
+    keys: list[str]  # the dataset rows' keys of its completions, in order (a prompt's G completions adjacent)
+    prompt_ids: list[list[int]]
+    completion_ids: list[list[int]]
+    logps: list[list[float]]  # per completion token: its log-prob under the sampling weights (behaviour policy)
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(c) for c in self.completion_ids)
+
+
+def _atomic(path: Path, write: Callable[[str], None]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    write(str(tmp))
+    with open(tmp, "rb") as fh:
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    dfd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def trainable(model) -> dict[str, torch.Tensor]:
+    """The parameters a version publishes: those the trainer updates (all of them with full tuning, the adapter's
+    with LoRA); the frozen rest is the base model both sides load."""
+    return {n: p.detach().to("cpu").contiguous() for n, p in model.named_parameters() if p.requires_grad}
+
+
+def publish_version(model, run_dir, version: int) -> Path:
+    path = version_path(run_dir, version)
+    _atomic(path, lambda tmp: save_file(trainable(model), tmp, metadata={"version": str(version)}))
+    return path
+
+
+def load_version(model, run_dir, version: int) -> None:
+    """The published version's parameters into `model` (bitwise); a version that names other parameters is refused."""
+    state = load_file(str(version_path(run_dir, version)))
+    params = dict(model.named_parameters())
+    want = {n for n, p in params.items() if p.requires_grad}
+    if set(state) != want:
+        raise RuntimeError(f"policy version {version} names {len(state)} parameters, the sampler's model trains "
+                           f"{len(want)} (e.g. {sorted(set(state) ^ want)[:3]}): the two sides built different models")
+    with torch.no_grad():
+        for name, tensor in state.items():
+            params[name].copy_(tensor)
+
+
+def write_round(run_dir, rnd: Round) -> Path:
+    path = round_path(run_dir, rnd.round)
+    _atomic(path, lambda tmp: torch.save(asdict(rnd), tmp))
+    return path
+
+
+def read_round(run_dir, index: int) -> Round:
+    return Round(**torch.load(round_path(run_dir, index), weights_only=True))
+
+
+def wait_for(path: Path, gone: Callable[[], bool]) -> bool:
+    """Wait until `path` exists (True), or `gone()` says its writer stopped (False)."""
+    while not path.exists():
+        if gone():
+            return path.exists()
+        time.sleep(POLL_S)
+    return True
+
+
+def rollback(run_dir, start_round: int, lag: int) -> dict:
+    """Before a (re)start of training at round `start_round`: the rounds sampled by weights the restarted trainer
+    recomputes (version >= start_round, i.e. rounds >= start_round + lag) and those versions are removed, with every
+    temporary file; rounds sampled by earlier versions stay (they are what the uninterrupted run trained on)."""
+    removed = {"rounds": 0, "versions": 0}
+    for kind, first in (("rounds", start_round + lag), ("policy", start_round + 1)):
+        folder = Path(run_dir) / "offpolicy" / kind
+        if not folder.is_dir():
+            continue
+        for p in folder.iterdir():
+            index = _index(p.name)
+            if p.name.endswith(".tmp") or (index is not None and index >= first):
+                p.unlink()
+                if not p.name.endswith(".tmp"):
+                    removed["rounds" if kind == "rounds" else "versions"] += 1
+    return removed
+
+
+def prune_versions(run_dir, below: int) -> int:
+    """Remove the published versions older than `below` (no round still to be sampled, on any resume, needs them)."""
+    folder = version_path(run_dir, 0).parent
+    n = 0
+    for p in folder.glob("version-*.safetensors") if folder.is_dir() else ():
+        index = _index(p.name)
+        if index is not None and index < below:
+            p.unlink()
+            n += 1
+    return n
+
+
+def _index(name: str) -> int | None:
+    stem = name.split(".", 1)[0]
+    head, _, digits = stem.rpartition("-")
+    return int(digits) if head in ("round", "version") and digits.isdigit() else None

@@ -1,0 +1,84 @@
+"""The sampler process as the trainer sees it (harness.offpolicy): started at the trainer's first round, restarted
+where it stopped if it dies (a fixed lag makes every round it samples again the same), stopped with training.
+Torch-free."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from harness.offpolicy import DIR, round_path
+
+log = logging.getLogger("harness")
+
+MAX_RESTARTS = 3
+POLL_S = 0.02
+
+
+class SamplerGone(RuntimeError):
+    """The sampler stopped for good before sampling a round the trainer needs."""
+
+
+class SamplerProcess:
+    def __init__(self, run_dir: str | Path, *, lag: int, cycle: int, token_share: int | None):
+        self.run_dir, self.lag, self.cycle, self.token_share = Path(run_dir), lag, cycle, token_share
+        self.proc: subprocess.Popen | None = None
+        self.restarts = 0
+        self.log_path = self.run_dir / DIR / "sampler.log"
+
+    def _start(self, start_round: int, tokens_used: int) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, "-m", "harness.offpolicy.sampler", str(self.run_dir), "--start", str(start_round),
+               "--tokens-used", str(tokens_used)]
+        if self.token_share is not None:
+            cmd += ["--token-share", str(self.token_share)]
+        with open(self.log_path, "ab") as fh:
+            fh.write(f"--- sampler from round {start_round} ({time.strftime('%Y-%m-%dT%H:%M:%S')})\n".encode())
+            fh.flush()
+            self.proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        log.info("off-policy: sampler process %d from round %d, lag %d (its log: %s)", self.proc.pid, start_round,
+                 self.lag, self.log_path)
+
+    def wait(self, rnd: int, *, tokens_used: int) -> None:
+        """Until round `rnd` is in the buffer. `tokens_used`: the tokens sampled before it (the budget's count, for a
+        sampler started here). A sampler that died is restarted at `rnd` up to MAX_RESTARTS times; then, or when it
+        finished without sampling `rnd`, SamplerGone says why and where its log is."""
+        path = round_path(self.run_dir, rnd)
+        if self.proc is None:
+            self._start(rnd, tokens_used)
+        while not path.exists():
+            code = self.proc.poll()
+            if code is not None and not path.exists():
+                if code == 0:
+                    raise SamplerGone(f"the sampler finished its schedule without sampling round {rnd}: its budget "
+                                      f"rule stopped earlier than the trainer's (see {self.log_path})")
+                if self.restarts >= MAX_RESTARTS:
+                    raise SamplerGone(f"the sampler process exited with code {code} before sampling round {rnd}, "
+                                      f"{self.restarts} restart(s) already: see {self.log_path}")
+                self.restarts += 1
+                log.warning("off-policy: the sampler exited with code %s before round %d; restarting it there "
+                            "(%d of %d)", code, rnd, self.restarts, MAX_RESTARTS)
+                self._start(rnd, tokens_used)
+            time.sleep(POLL_S)
+
+    def oldest_needed(self, rnd: int) -> int:
+        """The oldest policy version a round still to be sampled can need: on this run's way on from round `rnd`, or
+        on a resume from any checkpoint still kept (rounds from the checkpoint's on)."""
+        from harness.accounting.checkpoint import complete_checkpoints
+
+        starts = [int(p.name.rsplit("-", 1)[1]) // self.cycle for p in complete_checkpoints(self.run_dir)]
+        return max(0, min([rnd, *starts]) - self.lag)
+
+    def stop(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

@@ -1,0 +1,119 @@
+"""The sampler process of off-policy rounds (harness.offpolicy):
+
+    python -m harness.offpolicy.sampler RUN_DIR --start R --tokens-used N [--token-share S]
+
+Started by the trainer (harness.offpolicy.process), never by hand. It rebuilds what the trainer built from the run's
+frozen plan (the data, the policy, TRL's trainer with the same GRPOConfig) and samples rounds R, R+1, ... in the
+trainer's data order (TRL's RepeatSampler, the same seed): round r from policy version max(0, r - rollout.lag),
+which it waits for, with its RNG seeded by (seed, r). A round already in the buffer is kept (sampled before a
+restart by the same weights). It stops where the trainer would: at budget.max_steps, or before a round whose worst
+case could exceed the token budget (harness.run.callbacks.BudgetCallback's rule). It exits when the trainer does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+log = logging.getLogger("harness.offpolicy")
+
+
+def schedule(sampler, completions: int, repeat: int):
+    """The trainer's rounds as lists of dataset indices, in order: TRL's RepeatSampler yields each round's block of
+    `completions` indices `repeat` times (once per micro-batch of the round's passes), epoch after epoch, from its
+    own seeded generator (what the Trainer's dataloader draws)."""
+    while True:
+        epoch = list(iter(sampler))
+        blocks = [epoch[i:i + completions] for i in range(0, len(epoch), completions)]
+        yield from blocks[::repeat]
+
+
+def build(run_dir: Path):
+    """The plan, the model, the dataset and the sampler's trainer, as the trainer process built them."""
+    from arms.common import BuildContext
+    from arms.offpolicy import no_reward, sampler_trainer
+    from harness.data.trainsets import corpus, rl_dataset
+    from harness.plan import Plan
+    from harness.policy import build_policy
+    from harness.rundir import RunDir
+    from harness.run.stages import data as data_stage
+    run = RunDir.follower(run_dir, resumed=True)
+    plan = Plan.from_json(run.manifest["plan"])
+    data = data_stage.prepare(plan.cfg, run.recorded("data"), run_dir=str(run_dir), fix="restore the dataset")
+    data = data_stage.load_rows(plan.cfg, data)
+    policy = build_policy(plan, run.recorded("model"), corpus(data.train_rows + data.test_rows), str(run_dir))
+    dataset = rl_dataset(data.root, data.train_rows, is_vlm=plan.cfg.model.is_vlm)
+    scratch = Path(tempfile.mkdtemp(prefix="harness-sampler-"))  # TRL's output_dir: the sampler saves nothing
+    trainer = sampler_trainer(BuildContext(plan=plan, run_dir=scratch, model=policy.model, processor=policy.processor,
+                                           train_dataset=dataset, reward_fn=no_reward,
+                                           suppress_token_ids=policy.suppress_token_ids, device=policy.device))
+    return plan, policy, dataset, trainer
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m harness.offpolicy.sampler")
+    ap.add_argument("run_dir", type=Path)
+    ap.add_argument("--start", type=int, required=True)
+    ap.add_argument("--tokens-used", type=int, required=True)
+    ap.add_argument("--token-share", type=int, default=None)
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s sampler %(message)s", stream=sys.stdout)
+    parent = os.getppid()
+    gone = lambda: os.getppid() != parent  # noqa: E731  (the trainer died: nothing will read the buffer)
+
+    import torch
+
+    from harness.log import quiet_libraries
+    from harness.offpolicy import round_path, round_seed, sampled_by, version_path
+    from harness.offpolicy.buffer import Round, load_version, read_round, wait_for, write_round
+
+    quiet_libraries()
+    t0 = time.time()
+    plan, policy, dataset, trainer = build(args.run_dir)
+    cfg, rnd_of = plan.cfg, plan.round
+    lag = cfg.rollout.lag
+    log.info("built in %.1f s: rounds from %d, lag %d", time.time() - t0, args.start, lag)
+    tokens, loaded = args.tokens_used, None
+    for r, indices in enumerate(schedule(trainer._get_train_sampler(), rnd_of.completions,
+                                         trainer.num_iterations * trainer.args.steps_per_generation)):
+        if r * rnd_of.cycle >= cfg.budget.max_steps:
+            break
+        if r < args.start:
+            continue
+        if round_path(args.run_dir, r).exists():  # sampled before a restart, by the same weights
+            tokens += read_round(args.run_dir, r).tokens
+            continue
+        if args.token_share is not None and tokens + rnd_of.token_bound > args.token_share:
+            log.info("budget: round %d could exceed the token share (%d used, bound %d, share %d): done", r, tokens,
+                     rnd_of.token_bound, args.token_share)
+            break
+        version = sampled_by(r, lag)
+        if version != loaded:
+            if not wait_for(version_path(args.run_dir, version), gone):
+                log.info("the trainer exited before publishing version %d: done", version)
+                return 0
+            load_version(policy.model, args.run_dir, version)
+            loaded = version
+        seed = round_seed(cfg.seed, r)
+        torch.manual_seed(seed)
+        inputs = [dataset[i] for i in indices]
+        t = time.time()
+        prompt_ids, completion_ids, logps = trainer.sample(inputs)
+        got = Round(round=r, version=version, seed=seed, keys=[json.loads(x["row"])["key"] for x in inputs],
+                    prompt_ids=prompt_ids, completion_ids=completion_ids, logps=logps)
+        write_round(args.run_dir, got)
+        tokens += got.tokens
+        log.info("round %d by version %d: %d tokens in %.2f s", r, version, got.tokens, time.time() - t)
+        if gone():
+            return 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,204 @@
+"""Off-policy rounds (rollout=async, harness.offpolicy, arms.offpolicy) without a run: what the plan refuses, the
+buffer's files, the sampler's schedule against TRL's data order, and the decoupled correction's importance weights
+computed by hand on a tiny case against the trainer's (real TRL trainers on a tiny random VLM, no mocks of TRL)."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from harness.errors import ConfigError
+from harness.offpolicy import round_path, round_seed, sampled_by, version_path
+from tests.unit.test_trl_contract import build, env  # noqa: F401  (env: the module fixture the trainers share)
+
+
+# --- the plan
+
+
+@pytest.mark.parametrize("overrides, field", [
+    (("arm=papo",), "rollout"),
+    (("arm=evi_po",), "rollout"),
+    (("arm=opd",), "rollout"),
+    (("rollout.lag=5",), "rollout.lag"),  # above the cap (4): from round 5 on every round would be dropped
+    (("rollout.lag=null",), "rollout.lag"),  # free running: not built yet, said so
+    (("rollout.importance_sampling_correction=false",), "rollout.importance_sampling_correction"),
+    (("rollout.importance_sampling_clip_min=3.0",), "rollout.importance_sampling_clip_min"),
+    (("placement=ddp", "placement.num_processes=2"), "placement"),
+])
+def test_the_plan_refuses_what_the_correction_cannot_honour(plan_of, overrides, field):
+    with pytest.raises(ConfigError) as err:
+        plan_of("rollout=async", *overrides)
+    assert field in [p.field for p in err.value.problems], str(err.value)
+    assert "fix:" in str(err.value)
+
+
+def test_a_cap_of_zero_and_a_mode_trl_lacks_are_refused_when_composed(tmp_path):
+    from harness.plan import compose_plan
+
+    for bad in ("rollout.max_policy_age=0", "rollout.importance_sampling_mode=sequence_clip"):
+        with pytest.raises(ConfigError) as err:
+            compose_plan([f"output_root={tmp_path}", "rollout=async", bad])
+        assert bad.split("=")[0] in [p.field for p in err.value.problems], str(err.value)
+
+
+def test_lag_and_cap_are_semantic_and_sync_plans_keep_their_identity(plan_of):
+    sync = plan_of("debug=tiny")
+    assert sync.identity == plan_of("debug=tiny", "rollout=hf").identity
+    lag1, lag2 = plan_of("debug=tiny", "rollout=async"), plan_of("debug=tiny", "rollout=async", "rollout.lag=2")
+    cap = plan_of("debug=tiny", "rollout=async", "rollout.max_policy_age=2")
+    names = {p.identity["semantic_sha256"] for p in (sync, lag1, lag2, cap)}
+    assert len(names) == 4  # mode, lag and cap each change what is trained: each is its own run
+    # an existing sync run keeps its hash and run name (OMIT_AT_DEFAULT): tests/unit/test_plan_identities.py
+    with pytest.raises(ConfigError, match="rollout.lag"):
+        plan_of("debug=tiny", "rollout.lag=2")  # a lag without rollout=async means nothing: refused
+
+
+# --- the schedule and the buffer
+
+
+def test_the_versions_a_fixed_lag_samples_from():
+    assert [sampled_by(r, 0) for r in range(4)] == [0, 1, 2, 3]
+    assert [sampled_by(r, 2) for r in range(5)] == [0, 0, 0, 1, 2]
+    assert round_seed(0, 3) == round_seed(0, 3) != round_seed(0, 4) != round_seed(1, 4)
+
+
+def test_rollback_keeps_the_rounds_sampled_before_the_restart_point(tmp_path):
+    from harness.offpolicy.buffer import prune_versions, rollback
+
+    for r in range(8):
+        round_path(tmp_path, r).parent.mkdir(parents=True, exist_ok=True)
+        round_path(tmp_path, r).write_bytes(b"x")
+        version_path(tmp_path, r).parent.mkdir(parents=True, exist_ok=True)
+        version_path(tmp_path, r).write_bytes(b"x")
+    (round_path(tmp_path, 8).parent / ".round-000008.pt.123.tmp").write_bytes(b"half")
+    # restart at round 4, lag 2: rounds 4, 5 were sampled by versions 2, 3 (before the restart): kept
+    assert rollback(tmp_path, 4, 2) == {"rounds": 2, "versions": 3}
+    assert sorted(p.name for p in round_path(tmp_path, 0).parent.iterdir()) == [
+        f"round-{r:06d}.pt" for r in range(6)]
+    assert prune_versions(tmp_path, below=2) == 2
+    assert sorted(p.name for p in version_path(tmp_path, 0).parent.iterdir()) == [
+        f"version-{v:06d}.safetensors" for v in (2, 3, 4)]
+
+
+def test_the_sampler_schedule_is_the_trainers_data_order(env):  # noqa: F811
+    """The sampler walks TRL's RepeatSampler itself; the rounds it gets are the generation batches the Trainer's
+    dataloader hands the trainer, over more than one epoch."""
+    from harness.offpolicy.sampler import schedule
+
+    trainer, _ = build(env, "grpo", "rollout=async", "arm.steps_per_generation=2", "arm.num_iterations=2",
+                       "train.save_steps=4")
+    rnd = trainer.generation_round
+    repeat = trainer.num_iterations * trainer.args.steps_per_generation
+    epoch_rounds = len(trainer.train_dataset) // rnd.prompts
+    want, seen = [], 0
+    loader = trainer.get_train_dataloader()
+    while len(want) < 2 * epoch_rounds + 1:
+        for i, batch in enumerate(loader):
+            if seen % repeat == 0:
+                want.append([json.loads(x["row"])["key"] for x in batch])
+            seen += 1
+    got = schedule(trainer._get_train_sampler(), rnd.completions, repeat)
+    keys = lambda idx: [json.loads(trainer.train_dataset[i]["row"])["key"] for i in idx]  # noqa: E731
+    assert [keys(next(got)) for _ in want] == want
+
+
+# --- the correction
+
+
+def build_async(env, *overrides):  # noqa: F811
+    """(trainer, model, plan) of arm=grpo rollout=async, as tests/unit/test_trl_contract.build makes them, with the
+    sampler process as the trainer sees it replaced by its round already in the buffer (the test writes it)."""
+    from arms import build_trainer
+    from arms.common import BuildContext
+    from harness.cli import compose_plan
+    from harness.data.trainsets import rl_dataset
+    from harness.models import load_tiny, special_token_ids_to_suppress
+    from tests.unit.test_trl_contract import _varied
+
+    plan = compose_plan(["arm=grpo", "rollout=async", "debug=tiny", f"output_root={env['tmp']}",
+                         "arm.prompts_per_step=2", "arm.num_generations=4", "arm.max_completion_length=6",
+                         "arm.mask_truncated_completions=false", *overrides])
+    model, processor = load_tiny(env["model_path"])
+    ctx = BuildContext(plan=plan, run_dir=env["tmp"] / "async", model=model, processor=processor,
+                       train_dataset=rl_dataset(env["root"], env["rows"], is_vlm=True), reward_fn=_varied,
+                       suppress_token_ids=special_token_ids_to_suppress(processor))
+    trainer = build_trainer("grpo", ctx)
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1
+    return trainer, model, ctx
+
+
+def sample_round(env, ctx, state, index: int = 0):  # noqa: F811
+    """(the round's rows, round `index` as the sampler's trainer samples it from weights `state`)."""
+    from dataclasses import replace
+
+    from arms.offpolicy import no_reward, sampler_trainer
+    from harness.models import load_tiny
+    from harness.offpolicy.buffer import Round
+
+    model, processor = load_tiny(env["model_path"])
+    model.load_state_dict(state)
+    sampler = sampler_trainer(replace(ctx, model=model, processor=processor, reward_fn=no_reward,
+                                      run_dir=env["tmp"] / "sampler"))
+    inputs = next(iter(sampler.get_train_dataloader()))
+    torch.manual_seed(round_seed(0, index))
+    prompt_ids, completion_ids, logps = sampler.sample(inputs)
+    keys = [json.loads(x["row"])["key"] for x in inputs]
+    return inputs, Round(round=index, version=0, seed=0, keys=keys, prompt_ids=prompt_ids,
+                         completion_ids=completion_ids, logps=logps)
+
+
+def by_hand(model, out: dict, got, temperature: float) -> list:
+    """Per completion, log pi(token) - log mu(token) of its sampled tokens: the trainer's log-probs from one plain
+    forward of the batch (prompt + completion, the round's pixels; log-softmax of the logits over the temperature)
+    against the behaviour log-probs the buffer holds."""
+    ids = torch.cat([out["prompt_ids"], out["completion_ids"]], 1)
+    attn = torch.cat([out["prompt_mask"], out["completion_mask"]], 1)
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=attn, pixel_values=out["pixel_values"],
+                       image_grid_thw=out["image_grid_thw"], mm_token_type_ids=out["mm_token_type_ids"]).logits
+    p = out["prompt_ids"].size(1)
+    logp = torch.log_softmax(logits[:, p - 1:-1].float() / temperature, -1)
+    mine = logp.gather(2, out["completion_ids"][:, :, None])[:, :, 0]
+    return [mine[i, :len(c)] - torch.tensor(b) for i, (c, b) in enumerate(zip(got.completion_ids, got.logps))]
+
+
+@pytest.mark.parametrize("mode", ["sequence_mask", "token_truncate"])
+def test_importance_weights_by_hand_match_the_trainers(env, tmp_path, mode):  # noqa: F811
+    """A round sampled by weights W0, trained by W1 (W0 plus noise): TRL's weight through the trainer's buffer path
+    equals exp(log pi_W1 - log pi_W0) computed here (summed over a completion's tokens at sequence level), masked to
+    0 outside [clip_min, clip_max] or truncated to it; from the same weights (lag 0) every weight is exactly 1."""
+    from harness.offpolicy.buffer import write_round
+
+    trainer, model, ctx = build_async(env, f"rollout.importance_sampling_mode={mode}",
+                                      "rollout.importance_sampling_clip_max=1.5",
+                                      "rollout.importance_sampling_clip_min=0.5")
+    trainer.sampler = SimpleNamespace(run_dir=tmp_path, lag=0, proc=object(), wait=lambda r, tokens_used: None,
+                                      oldest_needed=lambda r: 0, stop=lambda: None)
+    inputs, got = sample_round(env, ctx, {k: v.clone() for k, v in model.state_dict().items()})
+    write_round(tmp_path, got)
+
+    same = trainer._generate_and_score_completions(inputs)["importance_sampling_ratio"]
+    assert torch.equal(same, torch.ones_like(same)), "behaviour and proximal log-probs of the same weights differ"
+    assert trainer.offpolicy_round.completion_ids == got.completion_ids
+
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    out = trainer._generate_and_score_completions(inputs)
+    ratio = out["importance_sampling_ratio"]
+    diffs = by_hand(model, out, got, ctx.plan.cfg.arm.temperature)
+    if mode == "sequence_mask":
+        w = torch.exp(torch.stack([d.sum() for d in diffs]))
+        hand = torch.where((w < 0.5) | (w > 1.5), torch.zeros_like(w), w)
+        assert ratio.shape == (len(diffs), 1)
+        torch.testing.assert_close(ratio[:, 0], hand, rtol=1e-4, atol=1e-5)
+        assert (hand == 0).any() and (hand > 0).any(), f"the case must mask some weights and keep some: {w}"
+    else:
+        for i, d in enumerate(diffs):
+            torch.testing.assert_close(ratio[i, :len(d)], torch.exp(d).clamp(0.5, 1.5), rtol=1e-4, atol=1e-5)
+        assert ((ratio > 0.5) & (ratio < 1.5) & (ratio != 1)).any()
