@@ -23,5 +23,11 @@ TRAIN_METRICS = [
     ("perf/wall_time_s", "wall time (s)"),
     ("perf/first_step_s", "time to first step (s)"),  # from the run's own start: a parent run first is not counted
 ]
+# rollout=async runs only (None elsewhere): from each completion's trace row (policy_age, is_weight)
+OFFPOLICY_METRICS = [
+    ("offpolicy/mean_age", "mean policy age (rounds)"),
+    ("offpolicy/weight_drift", "IS weight drift (mean abs(w - 1))"),
+    ("offpolicy/masked", "share masked by the IS caps"),
+]
 PAIRED_METRICS = [k for k, _ in EVAL_METRICS if k != "eval/accuracy_before"] + ["train/reward_last10pct"]
-METRIC_TITLES = dict(EVAL_METRICS + TRAIN_METRICS)
+METRIC_TITLES = dict(EVAL_METRICS + TRAIN_METRICS + OFFPOLICY_METRICS)

@@ -199,7 +199,8 @@ def build_plan(cfg: DictConfig | Config, choices: Mapping[str, Any] | None = Non
 
 def sft_parent(cfg: Config, overrides: list[str], process_identity: dict | None = None) -> Plan | None:
     """The plan of the SFT warm start of an RL plan with arm.init=sft: the same command line (model, data,
-    seed, ...) with arm=sft, capped by budget.sft_warm_start_steps; None for every other plan."""
+    seed, ...) with arm=sft and the default rollout (SFT samples nothing: a preset's or a sweep's rollout is the RL
+    run's), capped by budget.sft_warm_start_steps; None for every other plan."""
     if not registry()[cfg.arm.name].kind.warm_start(cfg):
         return None
     b = cfg.budget
@@ -208,7 +209,7 @@ def sft_parent(cfg: Config, overrides: list[str], process_identity: dict | None 
     def derived(steps: int, epochs: int | None) -> Plan:
         passes = [] if epochs == 1 else [f"arm.epochs={'null' if epochs is None else epochs}"]  # 1: sft.yaml's
         return _derived_plan(overrides, _not_for_warm_start, WARM_START_SUFFIX,
-                             ["arm=sft", *passes, f"budget.max_steps={steps}", f"train.save_steps={steps}", *length],
+                             ["arm=sft", "rollout=hf", *passes, f"budget.max_steps={steps}", f"train.save_steps={steps}", *length],
                              process_identity, whose="the SFT warm start of this run (arm.init=sft)", arm="sft",
                              other="or set arm.init=scratch or a policy path")
 

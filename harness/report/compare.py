@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from arms import registry
 from harness.config.schema import BUILTIN_REWARD
 from harness.identity import OMIT_AT_DEFAULT
-from harness.metrics import EVAL_METRICS, PAIRED_METRICS, TRAIN_METRICS
+from harness.metrics import EVAL_METRICS, OFFPOLICY_METRICS, PAIRED_METRICS, TRAIN_METRICS
 from harness.report.runs import PATH_KEYS, Run, budget_kind
 from harness.report.stats import mean_ci, paired_bootstrap
 
@@ -190,7 +190,7 @@ def build_groups(runs: list[Run]) -> list[Group]:
 
 def summarize(cond: Condition) -> dict:
     out = {}
-    for key, _ in EVAL_METRICS + TRAIN_METRICS:
+    for key, _ in EVAL_METRICS + TRAIN_METRICS + OFFPOLICY_METRICS:
         vals = [(r.seed, r.name, r.metrics.get(key)) for r in cond.runs]
         s = mean_ci([v for _, _, v in vals])
         s["values"] = [{"seed": seed, "run": name, "value": v} for seed, name, v in vals if v is not None]

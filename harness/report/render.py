@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from harness.report.mdtable import table as _table
-from harness.metrics import EVAL_METRICS, METRIC_TITLES, TRAIN_METRICS
+from harness.metrics import EVAL_METRICS, METRIC_TITLES, OFFPOLICY_METRICS, TRAIN_METRICS
 from harness.report.render_stats import efficiency_section, item_cell, item_text, power_lines, robust_section
 from harness.report.stats import EXACT_MAX, MC_RESAMPLES, MC_SEED
 
@@ -140,12 +140,30 @@ def _group(rep: dict, g: dict) -> list[str]:
     if g.get("wall_time_note"):
         out += ["", g["wall_time_note"]]
     out += _budget_section(g, h)
+    out += _offpolicy_section(g, h)
     out += _paired_section(g, h)
     for u in g.get("unpaired") or []:
         out += ["", f"Not paired: `{u['condition']}`: {u['why']} ({u['fix']})."]
     out += robust_section(g, h) + efficiency_section(g, h)
     out += _conditions_and_plots(g, h)
     return out
+
+
+def _offpolicy_section(g: dict, h: str) -> list[str]:
+    """rollout=async conditions: how old their rounds were and how far the correction's weights moved."""
+    conds = [c for c in g["conditions"] if c["metrics"]["offpolicy/mean_age"]["n"]]
+    if not conds:
+        return []
+    marks: set = set()
+    out = ["", f"{h} Off-policy rounds", "",
+           "Conditions whose rounds were sampled ahead of the trainer (rollout=async). Age: rounds between the "
+           "weights that sampled a completion and the weights that trained it, mean over the trained completions. "
+           "Drift: mean over completions of abs(w - 1), w the completion's importance weight (TRL's, mean over its "
+           "tokens at token level). Masked: share of completions whose weight the caps set to 0. What the lag costs "
+           "in accuracy per sampled token: the eval table above and the efficiency section.", ""]
+    out += _table(["condition"] + [t for _, t in OFFPOLICY_METRICS],
+                  [[c["label"]] + [cell(k, c["metrics"][k], marks) for k, _ in OFFPOLICY_METRICS] for c in conds])
+    return out + footnotes(marks)
 
 
 def _paired_section(g: dict, h: str) -> list[str]:

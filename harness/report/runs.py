@@ -236,7 +236,11 @@ def read_curve(run_dir: Path, notes: list[str]) -> dict | None:
         tokens[row["step"]] = tokens.get(row["step"], 0) + int(row["tokens"])
     rsum: dict[int, float] = {}
     rcnt: dict[int, int] = {}
+    ages, weights = [], []  # rollout=async: each completion's policy age and importance weight (its mean)
     for row in _read_jsonl(traces, notes):
+        if row.get("is_weight") is not None:
+            ages.append(row["policy_age"])
+            weights.append((row["is_weight"]["mean"], row["is_weight"]["max"]))
         if row.get("reward") is None:
             continue
         rsum[row["step"]] = rsum.get(row["step"], 0.0) + float(row["reward"])
@@ -244,7 +248,7 @@ def read_curve(run_dir: Path, notes: list[str]) -> dict | None:
     steps = sorted(tokens)
     return {"step": steps, "tokens": [tokens[s] for s in steps],
             "reward": [rsum[s] / rcnt[s] if s in rcnt else None for s in steps],
-            "reward_sum": rsum, "reward_count": rcnt}
+            "reward_sum": rsum, "reward_count": rcnt, "ages": ages, "weights": weights}
 
 
 def read_run(path: Path) -> Run:
@@ -397,9 +401,22 @@ def run_metrics(run: Run) -> dict[str, float | None]:
     m["train/optimizer_steps"] = _get(c, "optimizer_steps")
     m["perf/wall_time_s"] = _get(c, "wall_time_s")
     m["perf/first_step_s"] = own_first_step(c.get("start_phases_s"))  # the process that finished it, parent excluded
+    m.update(offpolicy_metrics(run.curve))
     if run.curve is not None and "realized_completion_tokens" in c and sum(run.curve["tokens"]) != tokens:
         run.notes.append(f"ledger tokens sum to {sum(run.curve['tokens'])}, completion.json says {int(tokens)}")
     return m
+
+
+def offpolicy_metrics(curve: dict | None) -> dict[str, float | None]:
+    """rollout=async: the mean policy age of the trained completions, how far their importance weights drifted
+    from 1 (mean |w - 1| of each completion's mean weight) and the share of completions the caps masked (every
+    weight 0). None for a run whose trace carries no weights."""
+    ages, weights = (curve or {}).get("ages"), (curve or {}).get("weights")
+    if not ages:
+        return {"offpolicy/mean_age": None, "offpolicy/weight_drift": None, "offpolicy/masked": None}
+    return {"offpolicy/mean_age": sum(ages) / len(ages),
+            "offpolicy/weight_drift": sum(abs(mean - 1.0) for mean, _ in weights) / len(weights),
+            "offpolicy/masked": sum(1 for _, top in weights if top == 0.0) / len(weights)}
 
 
 def own_first_step(marks: dict | None) -> float | None:

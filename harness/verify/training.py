@@ -206,5 +206,33 @@ def check_periodic_evals(run_dir: Path, m: dict) -> list[str]:
     return out
 
 
+def check_policy_ages(run_dir: Path, m: dict) -> list[str]:
+    """rollout=async: every ledger row names the policy version that sampled it, its age is the lag's (round minus
+    version, never above rollout.max_policy_age), and its trace row says the same."""
+    rollout = ((m.get("plan") or {}).get("config") or {}).get("rollout") or {}
+    if rollout.get("mode") != "async":
+        return []
+    lag, cap, out = rollout.get("lag"), rollout.get("max_policy_age"), []
+    cycle = ((m.get("plan") or {}).get("budget", {}).get("generation_round") or {}).get("optimizer_steps") or 1
+    for lp in sorted((run_dir / "ledgers").glob("rank-*.jsonl")):
+        tp = run_dir / "traces" / lp.name
+        traced = {r["completion_id"]: r for r in read_rows(tp)} if tp.exists() else {}
+        for r in read_rows(lp):
+            cid, version, age = r["completion_id"], r.get("policy_version"), r.get("policy_age")
+            if version is None or age is None:
+                out.append(f"{lp.name}: {cid} names no policy version (rollout=async samples every round from one)")
+                break
+            rnd = r["step"] // cycle
+            if age != rnd - version or age > cap or (lag is not None and age != min(rnd, lag)):
+                out.append(f"{lp.name}: {cid} trained at round {rnd} was sampled by version {version} (age {age}); "
+                           f"rollout.lag={lag}, rollout.max_policy_age={cap}")
+                break
+            t = traced.get(cid)
+            if t is not None and (t.get("policy_version"), t.get("policy_age")) != (version, age):
+                out.append(f"{tp.name}: {cid} says version {t.get('policy_version')}, its ledger row {version}")
+                break
+    return out
+
+
 CHECKS = [check_completion_accounting, check_checkpoints, check_log_frontiers, check_final_policy, check_metrics,
-          check_evals, check_periodic_evals]
+          check_evals, check_periodic_evals, check_policy_ages]

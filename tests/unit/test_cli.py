@@ -143,7 +143,8 @@ def test_sweep_records_every_job_and_a_failing_job_does_not_end_it(tmp_path):
 
 
 @pytest.mark.slow  # ~20 s each; a sweep's jobs planned: test_sweep_records_every_job_and_a_failing_job_does_not_end_it
-@pytest.mark.parametrize("name, jobs", [("arms_x_seeds", 12), ("papo_ablation", 36), ("evi_po_ablation", 27)])
+@pytest.mark.parametrize("name, jobs", [("arms_x_seeds", 12), ("papo_ablation", 36), ("evi_po_ablation", 27),
+                                        ("staleness", 12)])
 def test_named_sweeps_compose_and_plan_every_job(tmp_path, name, jobs):
     proc = run_harness("-m", f"sweep={name}", "mode=plan", "debug=tiny", f"output_root={tmp_path}", timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

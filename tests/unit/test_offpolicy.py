@@ -56,6 +56,19 @@ def test_lag_and_cap_are_semantic_and_sync_plans_keep_their_identity(plan_of):
         plan_of("debug=tiny", "rollout.lag=2")  # a lag without rollout=async means nothing: refused
 
 
+def test_the_staleness_sweep_shares_the_on_policy_runs_warm_start(tmp_path):
+    """sweep=staleness selects rollout=async in its defaults: the SFT warm start it derives (which samples nothing)
+    keeps the default rollout, so every lag and the on-policy grpo of a seed share one warm start."""
+    from harness.plan import compose_plan
+
+    root = f"output_root={tmp_path}"
+    lagged = compose_plan([root, "sweep=staleness", "seed=0", "rollout.lag=2", "debug=tiny"])
+    assert lagged.cfg.rollout.name == "async" and lagged.cfg.rollout.lag == 2
+    plain = compose_plan([root, "seed=0", "debug=tiny"])
+    assert lagged.parent.cfg.rollout.name == "hf"
+    assert lagged.parent.identity["semantic_sha256"] == plain.parent.identity["semantic_sha256"]
+
+
 # --- the schedule and the buffer
 
 

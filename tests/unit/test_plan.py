@@ -150,7 +150,7 @@ def test_runs_and_named_sweeps_are_budget_bound_and_debug_shrinks_them(compose_c
     for arm in ("grpo", "papo", "evi_po"):
         plan = build_plan(*compose_cfg(f"arm={arm}"))
         assert plan.budget["max_steps_worst_case_tokens"] > 10 * plan.budget["completion_token_ceiling"], arm
-    for sweep in ("arms_x_seeds", "papo_ablation", "evi_po_ablation"):
+    for sweep in ("arms_x_seeds", "papo_ablation", "evi_po_ablation", "staleness"):
         plan = build_plan(*compose_cfg(f"sweep={sweep}", "arm=grpo" if sweep == "arms_x_seeds" else "seed=0"))
         assert plan.budget["max_steps_worst_case_tokens"] > 10 * plan.budget["completion_token_ceiling"], sweep
         tiny = build_plan(*compose_cfg(f"sweep={sweep}", "debug=tiny"))

@@ -42,6 +42,27 @@ def test_private_signatures_the_arms_rely_on():
         "self", "model", "inputs", "return_outputs", "num_items_in_batch"]
 
 
+def test_the_private_points_of_off_policy_rounds():
+    """arms.offpolicy (rollout=async): `_generate_single_turn` returns (completion ids, per-token log-probs) and is
+    the only generation call of a round; TRL's importance-sampling correction, between `old_per_token_logps` and
+    `sampling_per_token_logps`, is gated on `use_vllm` (an attribute, set after construction) and applied in the
+    loss; `old_per_token_logps` comes back in the generation batch."""
+    from trl import GRPOTrainer
+
+    assert list(inspect.signature(GRPOTrainer._generate_single_turn).parameters) == [
+        "self", "prompt_ids", "images", "multimodal_fields", "num_generations", "has_tool_images"]
+    gen = inspect.getsource(GRPOTrainer._generate)
+    assert gen.count("self._generate_single_turn(") == 1 and "return completion_ids, logprobs" in inspect.getsource(
+        GRPOTrainer._generate_single_turn)
+    score = inspect.getsource(GRPOTrainer._generate_and_score_completions)
+    for line in ("self.use_vllm and self.vllm_importance_sampling_correction",
+                 "per_token_logps_diff = (old_per_token_logps - sampling_per_token_logps) * mask",
+                 'output["old_per_token_logps"] = old_per_token_logps',
+                 'output["importance_sampling_ratio"] = vllm_importance_sampling_ratio'):
+        assert line in score, line
+    assert 'per_token_loss * inputs["importance_sampling_ratio"]' in inspect.getsource(GRPOTrainer._compute_loss)
+
+
 def test_safetensors_hands_its_writer_each_tensors_memory(tmp_path):
     """harness.accounting.tensorfiles wraps safetensors.torch.serialize_file (NOTE(safetensors-0.8)): save_file,
     under any name it was imported, calls that module global with a TensorSpec (data_ptr, data_len) per tensor,

@@ -1,0 +1,138 @@
+"""Off-policy rounds end to end (rollout=async, harness.offpolicy): the debug=tiny grpo run from this session's warm
+start (tests/conftest.py's `tiny`), its rounds sampled by a separate sampler process.
+
+- lag=1: a SIGKILL of the trainer at a random step, then the same command, equals the uninterrupted run bit for bit
+  (weights, ledger, trace, logged values), the buffer rolled back to the checkpoint; the same command twice gives
+  the same run (slow); verify checks every completion's policy age.
+- lag=0: every importance weight is exactly 1 and every age 0, and each step trains the prompts the synchronous
+  run trains (its completions differ: the sampler's RNG is seeded per round, the trainer's is one stream).
+- lag=2 (slow): twice the same, each completion's age min(round, 2).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import signal
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from harness.accounting.logs import read_rows
+from harness.verify import verify
+from tests.conftest import logged_values, run_dir_of
+
+
+def async_run(tiny, out: Path, *extra: str, fault: str | None = None):
+    return tiny.run(out, "rollout=async", *extra, fault=fault)
+
+
+@pytest.fixture(scope="module")
+def lag1(tiny, tmp_path_factory) -> Path:
+    """The uninterrupted lag-1 run (the reference of this module's lag-1 cases)."""
+    out = tiny.case(tmp_path_factory.mktemp("lag1") / "out")
+    proc = async_run(tiny, out)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return run_dir_of(out, "grpo")
+
+
+def assert_same_run(a: Path, b: Path) -> None:
+    """Two finished runs trained the same: verify clean, the same final weights, ledger, trace (provenance aside)
+    and logged values."""
+    assert verify(b) == [], verify(b)
+    assert (a / "final_policy/model.safetensors").read_bytes() == (b / "final_policy/model.safetensors").read_bytes()
+    assert (a / "ledgers/rank-0.jsonl").read_bytes() == (b / "ledgers/rank-0.jsonl").read_bytes()
+    trace = lambda d: [{k: v for k, v in r.items() if k != "provenance"} for r in read_rows(d / "traces/rank-0.jsonl")]  # noqa: E731
+    assert trace(a) == trace(b)
+    assert logged_values(a) == logged_values(b)
+
+
+def test_lag1_records_every_completions_version_age_and_weight(lag1):
+    assert verify(lag1) == []
+    rows = list(read_rows(lag1 / "ledgers/rank-0.jsonl"))
+    assert {(r["step"], r["policy_version"], r["policy_age"]) for r in rows} == {
+        (s, max(0, s - 1), min(s, 1)) for s in range(rows[-1]["step"] + 1)}
+    weights = [r["is_weight"] for r in read_rows(lag1 / "traces/rank-0.jsonl")]
+    assert all(w["min"] == w["max"] == 1.0 for w in weights[:32])  # round 0: sampled by the weights that train it
+    assert any(w["mean"] != 1.0 for w in weights[32:])  # later rounds: one step behind, corrected
+    log = (lag1 / "offpolicy/sampler.log").read_text()
+    assert "round 1 by version 0" in log and "round 2 by version 1" in log
+
+
+def test_verify_and_the_report_read_the_ages(lag1, tmp_path):
+    """The report's off-policy table gives the run's mean age and weight drift; verify names a completion whose
+    recorded version does not fit the lag."""
+    from harness.report.cli import build_report
+
+    steps = max(r["step"] for r in read_rows(lag1 / "ledgers/rank-0.jsonl")) + 1
+    rep, md = build_report(lag1.parent, "grpo", tmp_path / "report", None)
+    text = Path(md).read_text()
+    assert "Off-policy rounds" in text, text
+    (row,) = [line for line in text.splitlines() if line.startswith("| grpo") and "Off-policy" not in line
+              and f"{(steps - 1) / steps:.3f}" in line]
+    copy = tmp_path / lag1.name
+    shutil.copytree(lag1, copy)
+    ledger = copy / "ledgers/rank-0.jsonl"
+    lines = ledger.read_text().splitlines()
+    lines[40] = lines[40].replace('"policy_version":0', '"policy_version":1')  # step 1: sampled by version 0
+    ledger.write_text("\n".join(lines) + "\n")
+    assert verify(copy) == [f"rank-0.jsonl: {json.loads(lines[40])['completion_id']} trained at round 1 was sampled by "
+                            "version 1 (age 1); rollout.lag=1, rollout.max_policy_age=4"]
+
+
+def test_sigkill_of_the_trainer_then_the_same_command_equals_the_uninterrupted_run(tiny, lag1, tmp_path):
+    step = random.Random().randint(2, 7)  # a random point, named in the failure
+    out = tiny.case(tmp_path / "out")
+    killed = async_run(tiny, out, fault=f"rl.step@{step}:kill")
+    assert killed.returncode == -signal.SIGKILL, f"not killed after step {step}: {killed.stderr[-3000:]}"
+    again = async_run(tiny, out)
+    assert again.returncode == 0, again.stderr[-4000:]
+    run = run_dir_of(out, "grpo")
+    assert (run / "offpolicy/sampler.log").read_text().count("--- sampler from round") == 2  # one per start
+    assert_same_run(lag1, run)
+
+
+def test_lag0_weights_are_one_and_each_step_trains_the_synchronous_runs_prompts(tiny, tmp_path):
+    out = tiny.case(tmp_path / "out")
+    proc = async_run(tiny, out, "rollout.lag=0")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    run = run_dir_of(out, "grpo")
+    assert verify(run) == []
+    traced = list(read_rows(run / "traces/rank-0.jsonl"))
+    assert {(r["policy_age"], r["is_weight"]["min"], r["is_weight"]["max"]) for r in traced} == {(0, 1.0, 1.0)}
+    views = lambda d: {s: v for s, v in _views_per_step(d).items()}  # noqa: E731
+    mine, sync = views(run), views(tiny.grpo)
+    common = sorted(set(mine) & set(sync))
+    assert len(common) >= 4 and all(mine[s] == sync[s] for s in common), (mine, sync)
+
+
+def _views_per_step(run: Path) -> dict:
+    out = defaultdict(list)
+    for r in read_rows(run / "ledgers/rank-0.jsonl"):
+        out[r["step"]].append(r["view"])
+    return dict(out)
+
+
+@pytest.mark.slow
+def test_lag1_twice_is_the_same_run(tiny, lag1, tmp_path):
+    out = tiny.case(tmp_path / "out")
+    proc = async_run(tiny, out)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert_same_run(lag1, run_dir_of(out, "grpo"))
+
+
+@pytest.mark.slow
+def test_lag2_twice_is_the_same_run_with_ages_up_to_two(tiny, tmp_path):
+    runs = []
+    for name in ("a", "b"):
+        out = tiny.case(tmp_path / name)
+        proc = async_run(tiny, out, "rollout.lag=2")
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        runs.append(run_dir_of(out, "grpo"))
+    assert_same_run(*runs)
+    ages = {(r["step"], r["policy_age"]) for r in read_rows(runs[0] / "ledgers/rank-0.jsonl")}
+    assert ages == {(s, min(s, 2)) for s, _ in ages}
+    completion = json.loads((runs[0] / "completion.json").read_text())
+    assert completion["realized_completion_tokens"] <= completion["completion_token_ceiling"]
