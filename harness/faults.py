@@ -24,6 +24,8 @@ The points (`<kind>` is sft or rl: the SFT warm start and the RL run share a pro
     <kind>.final_policy     final_policy written to its temp dir, not yet renamed
     <kind>.model_card       after the final eval, before final_policy's card is final (harness.card)
     <kind>.completion       before completion.json is written
+    sampler.round           rollout=async: the sampler process wrote a round to the buffer (each start of the
+                            sampler counts its own rounds: @3 kills every start after its third)
     atomic:<file name>      inside an atomic write of that file: half of it is in the temp file (e.g.
                             atomic:completion.json, atomic:run_manifest.json, atomic:harness_checkpoint.json)
     append:<log path>       inside an append to that log: half of the row is written (e.g.
@@ -43,7 +45,8 @@ FAULT_ENV = "HARNESS_FAULT"
 HOLD_FILE_ENV = "HARNESS_HOLD_FILE"
 HOLD_S = 300.0
 ACTIONS = ("kill", "enospc", "edquot", "erofs", "eacces", "eio", "hold", "defer")
-_NAMED = re.compile(r"^(sft|rl)\.(start|check_ahead|step|checkpoint|final_policy|model_card|completion)$|^(atomic|append):.+$")
+_NAMED = re.compile(r"^(sft|rl)\.(start|check_ahead|step|checkpoint|final_policy|model_card|completion)$|^sampler\.round$"
+                    r"|^(atomic|append):.+$")
 _SPEC = re.compile(r"^(?P<point>[^@]+?)(?:@(?P<n>\d+))?:(?P<action>\w+)$")
 _seen: dict[str, int] = {}
 

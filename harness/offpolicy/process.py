@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+from harness.errors import HarnessError
 from harness.offpolicy import DIR, round_path
 
 log = logging.getLogger("harness")
@@ -18,8 +19,11 @@ MAX_RESTARTS = 3
 POLL_S = 0.02
 
 
-class SamplerGone(RuntimeError):
-    """The sampler stopped for good before sampling a round the trainer needs."""
+class SamplerGone(HarnessError):
+    """The sampler process stopped for good before sampling a round the trainer needs (exit 13). The checkpoints
+    are intact: the same command resumes from the newest, with a new sampler."""
+
+    exit_code = 13
 
 
 class SamplerProcess:
@@ -53,11 +57,14 @@ class SamplerProcess:
             code = self.proc.poll()
             if code is not None and not path.exists():
                 if code == 0:
-                    raise SamplerGone(f"the sampler finished its schedule without sampling round {rnd}: its budget "
-                                      f"rule stopped earlier than the trainer's (see {self.log_path})")
+                    raise SamplerGone(f"SamplerGone: the off-policy sampler finished its schedule without sampling "
+                                      f"round {rnd}: its budget rule stopped earlier than the trainer's (a bug: see "
+                                      f"{self.log_path}); the same command resumes from the newest checkpoint")
                 if self.restarts >= MAX_RESTARTS:
-                    raise SamplerGone(f"the sampler process exited with code {code} before sampling round {rnd}, "
-                                      f"{self.restarts} restart(s) already: see {self.log_path}")
+                    raise SamplerGone(f"SamplerGone: the off-policy sampler process exited with code {code} before "
+                                      f"sampling round {rnd}, after {self.restarts} restart(s): its log, "
+                                      f"{self.log_path}, says why; once that is fixed the same command resumes "
+                                      "from the newest checkpoint")
                 self.restarts += 1
                 log.warning("off-policy: the sampler exited with code %s before round %d; restarting it there "
                             "(%d of %d)", code, rnd, self.restarts, MAX_RESTARTS)

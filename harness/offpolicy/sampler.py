@@ -69,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
+    from harness.faults import point
     from harness.log import quiet_libraries
     from harness.offpolicy import round_path, round_seed, sampled_by, version_path
     from harness.offpolicy.buffer import Round, load_version, read_round, wait_for, write_round
@@ -108,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         got = Round(round=r, version=version, seed=seed, keys=[json.loads(x["row"])["key"] for x in inputs],
                     prompt_ids=prompt_ids, completion_ids=completion_ids, logps=logps)
         write_round(args.run_dir, got)
+        point("sampler.round")  # tests only (harness.faults): the sampler dies between rounds
         tokens += got.tokens
         log.info("round %d by version %d: %d tokens in %.2f s", r, version, got.tokens, time.time() - t)
         if gone():

@@ -2,8 +2,9 @@
 start (tests/conftest.py's `tiny`), its rounds sampled by a separate sampler process.
 
 - lag=1: a SIGKILL of the trainer at a random step, then the same command, equals the uninterrupted run bit for bit
-  (weights, ledger, trace, logged values), the buffer rolled back to the checkpoint; the same command twice gives
-  the same run (slow); verify checks every completion's policy age.
+  (weights, ledger, trace, logged values), the buffer rolled back to the checkpoint; so does a run whose sampler is
+  killed every third round (restarted), and one whose sampler keeps dying (exit 13, slow) run again; the same
+  command twice gives the same run (slow); verify and the report read every completion's policy age.
 - lag=0: every importance weight is exactly 1 and every age 0, and each step trains the prompts the synchronous
   run trains (its completions differ: the sampler's RNG is seeded per round, the trainer's is one stream).
 - lag=2 (slow): twice the same, each completion's age min(round, 2).
@@ -92,6 +93,26 @@ def test_sigkill_of_the_trainer_then_the_same_command_equals_the_uninterrupted_r
     run = run_dir_of(out, "grpo")
     assert (run / "offpolicy/sampler.log").read_text().count("--- sampler from round") == 2  # one per start
     assert_same_run(lag1, run)
+
+
+def test_a_sampler_killed_every_third_round_is_restarted_and_the_run_is_the_same(tiny, lag1, tmp_path):
+    out = tiny.case(tmp_path / "out")
+    proc = async_run(tiny, out, fault="sampler.round@3:kill")  # each start of the sampler dies after 3 rounds
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.stderr.count("restarting it there") == 2, proc.stderr[-3000:]  # rounds 0-2, 3-5, then 6-7
+    assert_same_run(lag1, run_dir_of(out, "grpo"))
+
+
+@pytest.mark.slow
+def test_a_sampler_that_keeps_dying_ends_the_run_with_exit_13_then_the_same_command_resumes(tiny, lag1, tmp_path):
+    out = tiny.case(tmp_path / "out")
+    proc = async_run(tiny, out, fault="sampler.round@1:kill")
+    assert proc.returncode == 13, proc.stderr[-4000:]
+    assert "SamplerGone: the off-policy sampler process exited with code -9" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    again = async_run(tiny, out)
+    assert again.returncode == 0, again.stderr[-4000:]
+    assert_same_run(lag1, run_dir_of(out, "grpo"))
 
 
 def test_lag0_weights_are_one_and_each_step_trains_the_synchronous_runs_prompts(tiny, tmp_path):
