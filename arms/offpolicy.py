@@ -78,8 +78,9 @@ class OffPolicyGRPOTrainer(GRPOTrainer):
     """GRPOTrainer whose rounds come from the off-policy buffer (harness.offpolicy), corrected by TRL's
     importance-sampling ratio. `sampler`: the harness.offpolicy.process.SamplerProcess that fills the buffer."""
 
-    def __init__(self, *args, sampler, **kwargs):
+    def __init__(self, *args, sampler, threads: int | None = None, **kwargs):
         super().__init__(*args, **kwargs)
+        self.threads = threads  # torch threads while training, on a CPU shared with the sampler
         self.use_vllm = True  # NOTE(trl-1.16): private point 2 (the correction of sampling_per_token_logps)
         self.sampler = sampler
         self.offpolicy_round: Round | None = None
@@ -93,10 +94,14 @@ class OffPolicyGRPOTrainer(GRPOTrainer):
         return self.sampler.run_dir
 
     def train(self, *args, **kwargs):
+        before = torch.get_num_threads()
+        if self.threads is not None:  # the sampler takes the other cores' share (harness.offpolicy.process)
+            torch.set_num_threads(self.threads)
         try:
             return super().train(*args, **kwargs)
         finally:
             self.sampler.stop()
+            torch.set_num_threads(before)  # the next job of a sweep (same process) runs as it would alone
 
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
         # NOTE(trl-1.16): private point 1. Training rounds come from the buffer; anything else (an eval through

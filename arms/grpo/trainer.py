@@ -53,8 +53,17 @@ def build_trainer(ctx: BuildContext, trainer_cls=None, config_cls=None, **extra_
         if trainer_cls is not None:  # the plan refuses it (harness.config.checks.NOT_OFF_POLICY); never silently
             raise RuntimeError(f"rollout=async trains arm=grpo only, not {trainer_cls.__name__}")
         trainer_cls = OffPolicyGRPOTrainer
+        mine = threads = None
+        if not ctx.device.startswith("cuda"):  # one CPU for both: the sampler takes its share of the threads
+            import torch
+
+            from harness.offpolicy.process import split_threads
+
+            mine, threads = split_threads(torch.get_num_threads(), ctx.plan.cfg.rollout.sampler_threads)
+        extra["threads"] = mine  # the trainer's while it trains (restored after)
         extra["sampler"] = SamplerProcess(ctx.run_dir, lag=ctx.plan.cfg.rollout.lag, cycle=ctx.plan.round.cycle,
-                                          token_share=getattr(getattr(ctx.reward_fn, "ctx", None), "token_share", None))
+                                          token_share=getattr(getattr(ctx.reward_fn, "ctx", None), "token_share", None),
+                                          threads=threads)
     trainer = (trainer_cls or GRPOTrainer)(
         model=ctx.model,
         reward_funcs=[ctx.reward_fn],

@@ -194,6 +194,9 @@ class RolloutConfig:
     lag: Optional[int] = f(1, "rollout=async: the round trained at round r is sampled by the weights at the start of "
                            "round max(0, r - lag) (rounds = optimizer steps when arm.steps_per_generation x "
                            "num_iterations = 1); deterministic and resumable bit for bit", ge=0)
+    sampler_threads: Optional[int] = f(None, "rollout=async on CPU: torch threads of the sampler process; null: half of "
+                                       "the trainer's, the trainer keeps the rest (the two share the cores)",
+                                       semantic=False, ge=1)
     max_policy_age: int = f(4, "rollout=async: the cap on a trained round's policy age (rounds between the weights that "
                             "sampled it and the weights that train it); rollout.lag must not exceed it", ge=1)
 

@@ -26,9 +26,17 @@ class SamplerGone(HarnessError):
     exit_code = 13
 
 
+def split_threads(total: int, asked: int | None) -> tuple[int, int]:
+    """(the trainer's, the sampler's) torch threads on a CPU the two processes share: the sampler takes `asked`, or
+    half of `total`; the trainer keeps the rest (at least one each)."""
+    sampler = asked if asked is not None else max(1, total // 2)
+    return max(1, total - sampler), sampler
+
+
 class SamplerProcess:
-    def __init__(self, run_dir: str | Path, *, lag: int, cycle: int, token_share: int | None):
+    def __init__(self, run_dir: str | Path, *, lag: int, cycle: int, token_share: int | None, threads: int | None = None):
         self.run_dir, self.lag, self.cycle, self.token_share = Path(run_dir), lag, cycle, token_share
+        self.threads = threads  # the sampler's torch threads (None: torch's default)
         self.proc: subprocess.Popen | None = None
         self.restarts = 0
         self.log_path = self.run_dir / DIR / "sampler.log"
@@ -39,12 +47,15 @@ class SamplerProcess:
                "--tokens-used", str(tokens_used)]
         if self.token_share is not None:
             cmd += ["--token-share", str(self.token_share)]
+        if self.threads is not None:
+            cmd += ["--threads", str(self.threads)]
         with open(self.log_path, "ab") as fh:
             fh.write(f"--- sampler from round {start_round} ({time.strftime('%Y-%m-%dT%H:%M:%S')})\n".encode())
             fh.flush()
             self.proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        log.info("off-policy: sampler process %d from round %d, lag %d (its log: %s)", self.proc.pid, start_round,
-                 self.lag, self.log_path)
+        log.info("off-policy: sampler process %d from round %d, lag %d, %s (its log: %s)", self.proc.pid,
+                 start_round, self.lag, f"{self.threads} thread(s)" if self.threads else "its own device",
+                 self.log_path)
 
     def wait(self, rnd: int, *, tokens_used: int) -> None:
         """Until round `rnd` is in the buffer. `tokens_used`: the tokens sampled before it (the budget's count, for a

@@ -62,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--start", type=int, required=True)
     ap.add_argument("--tokens-used", type=int, required=True)
     ap.add_argument("--token-share", type=int, default=None)
+    ap.add_argument("--threads", type=int, default=None)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s sampler %(message)s", stream=sys.stdout)
     parent = os.getppid()
@@ -75,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     from harness.offpolicy.buffer import Round, load_version, read_round, wait_for, write_round
 
     quiet_libraries()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     t0 = time.time()
     plan, policy, dataset, trainer = build(args.run_dir)
     cfg, rnd_of = plan.cfg, plan.round

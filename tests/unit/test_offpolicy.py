@@ -78,6 +78,38 @@ def test_the_versions_a_fixed_lag_samples_from():
     assert round_seed(0, 3) == round_seed(0, 3) != round_seed(0, 4) != round_seed(1, 4)
 
 
+def test_the_cpu_is_split_between_trainer_and_sampler():
+    from harness.offpolicy.process import split_threads
+
+    assert split_threads(2, None) == (1, 1) and split_threads(16, None) == (8, 8) and split_threads(1, None) == (1, 1)
+    assert split_threads(8, 2) == (6, 2) and split_threads(2, 4) == (1, 4)
+
+
+def test_training_takes_its_share_of_threads_and_gives_them_back(env, monkeypatch):  # noqa: F811
+    """On a CPU the trainer trains with its share (the sampler has the rest) and restores the process's thread count
+    after, also on failure: the next job of a sweep in the same process runs as it would alone."""
+    from trl import GRPOTrainer
+
+    before = torch.get_num_threads()
+    trainer, _, _ = build_async(env)
+    stopped, seen = [], []
+    trainer.sampler = SimpleNamespace(stop=lambda: stopped.append(True))
+    trainer.threads = 1
+
+    def fails(self, *a, **k):
+        seen.append(torch.get_num_threads())
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(GRPOTrainer, "train", fails)
+    torch.set_num_threads(2)
+    try:
+        with pytest.raises(RuntimeError, match="boom"):
+            trainer.train()
+        assert seen == [1] and stopped == [True] and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_rollback_keeps_the_rounds_sampled_before_the_restart_point(tmp_path):
     from harness.offpolicy.buffer import prune_versions, rollback
 
