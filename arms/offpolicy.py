@@ -60,20 +60,6 @@ def no_reward(prompts, completions, **_):
     return [0.0] * len(completions)
 
 
-def sampler_trainer(ctx) -> SamplerGRPOTrainer:
-    """The sampler's trainer for a BuildContext (arms.common) of the trainer's plan, model and dataset: the trainer's
-    GRPOConfig (the same generation config, batch sizes, seed and data order), without a reference model (it scores
-    nothing) and saving nothing."""
-    from trl import GRPOConfig
-
-    from arms.grpo.trainer import grpo_config_kwargs
-
-    kw = grpo_config_kwargs(ctx)
-    kw.update(beta=0.0, report_to=[], save_strategy="no")
-    return SamplerGRPOTrainer(model=ctx.model, reward_funcs=[no_reward], args=GRPOConfig(**kw),
-                              train_dataset=ctx.train_dataset, processing_class=ctx.processor)
-
-
 class OffPolicyGRPOTrainer(GRPOTrainer):
     """GRPOTrainer whose rounds come from the off-policy buffer (harness.offpolicy), corrected by TRL's
     importance-sampling ratio. `sampler`: the harness.offpolicy.process.SamplerProcess that fills the buffer."""

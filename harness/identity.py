@@ -94,7 +94,7 @@ OMIT_AT_DEFAULT = {
     "reward.components": {}, "reward.success_threshold": 1.0,
     "placement.num_machines": 1, "placement.collective_timeout_s": 1800, "placement.cpus_per_process": None,
     "placement.mem_gb_per_process": None, "train.signal_window": 4, "data.allow_split_overlap": False,
-    "rollout.mode": "sync", "rollout.lag": 1, "rollout.max_policy_age": 4,
+    "rollout.mode": "sync", "rollout.lag": 1, "rollout.max_policy_age": 4, "rollout.sampler_threads": None,
 }
 _ABSENT = object()
 

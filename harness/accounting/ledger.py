@@ -89,8 +89,9 @@ class HarnessReward:
                                  "rewards must be finite; check reward.*")
             entry = {"completion_id": cid, "tokens": len(ids), "terminated": not tr.truncated, "step": step,
                      "view": record["key"]}
-            if ctx.sampled_version is not None:  # rollout=async: the weights that sampled it, and their age
-                entry.update(policy_version=ctx.sampled_version, policy_age=rnd.index(step) - ctx.sampled_version)
+            version = getattr(ctx, "sampled_version", None)
+            if version is not None:  # rollout=async: the weights that sampled it, and their age
+                entry.update(policy_version=version, policy_age=rnd.index(step) - version)
             ctx.ledger.append(entry)
             rows.append({
                 "completion_id": cid, "reward": tr.total, "components": tr.components, "parsed": tr.parsed,

@@ -34,10 +34,25 @@ def schedule(sampler, completions: int, repeat: int):
         yield from blocks[::repeat]
 
 
+def sampler_trainer(ctx):
+    """The sampler's trainer for a BuildContext (arms.common) of the trainer's plan, model and dataset: the trainer's
+    GRPOConfig (the same generation config, batch sizes, seed and data order), without a reference model (it scores
+    nothing) and saving nothing."""
+    from trl import GRPOConfig
+
+    from arms.grpo.trainer import grpo_config_kwargs
+    from arms.offpolicy import SamplerGRPOTrainer, no_reward
+
+    kw = grpo_config_kwargs(ctx)
+    kw.update(beta=0.0, report_to=[], save_strategy="no")
+    return SamplerGRPOTrainer(model=ctx.model, reward_funcs=[no_reward], args=GRPOConfig(**kw),
+                              train_dataset=ctx.train_dataset, processing_class=ctx.processor)
+
+
 def build(run_dir: Path):
     """The plan, the model, the dataset and the sampler's trainer, as the trainer process built them."""
     from arms.common import BuildContext
-    from arms.offpolicy import no_reward, sampler_trainer
+    from arms.offpolicy import no_reward
     from harness.data.trainsets import corpus, rl_dataset
     from harness.plan import Plan
     from harness.policy import build_policy

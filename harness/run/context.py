@@ -32,6 +32,7 @@ WRITTEN_BY = {
     "pending_eval": "harness/eval/periodic.py",  # PeriodicEvalCallback
     "eval_s": "harness/eval/periodic.py",
     "signal_metrics": "harness/run/learning.py",  # observe_round
+    "sampled_version": "arms/offpolicy.py",  # OffPolicyGRPOTrainer, as it takes a round from the buffer
 }
 
 

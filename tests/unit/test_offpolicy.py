@@ -180,7 +180,8 @@ def sample_round(env, ctx, state, index: int = 0):  # noqa: F811
     """(the round's rows, round `index` as the sampler's trainer samples it from weights `state`)."""
     from dataclasses import replace
 
-    from arms.offpolicy import no_reward, sampler_trainer
+    from arms.offpolicy import no_reward
+    from harness.offpolicy.sampler import sampler_trainer
     from harness.models import load_tiny
     from harness.offpolicy.buffer import Round
 
