@@ -91,14 +91,10 @@ class OffPolicyGRPOTrainer(GRPOTrainer):
 
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
         # NOTE(trl-1.16): private point 1. Training rounds come from the buffer; anything else (an eval through
-        # TRL) generates here as TRL does.
+        # TRL: use_vllm is off, see _generate_and_score_completions) generates here as TRL does.
         if not self.model.training:
-            self.use_vllm = False
-            try:
-                return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations,
-                                                     has_tool_images)
-            finally:
-                self.use_vllm = True
+            return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations,
+                                                 has_tool_images)
         rnd = self.generation_round.index(self.state.global_step)
         lag = self.sampler.lag
         if self.sampler.proc is None:  # this training's first round: the buffer rolled back to it
@@ -120,6 +116,12 @@ class OffPolicyGRPOTrainer(GRPOTrainer):
         return got.completion_ids, got.logps
 
     def _generate_and_score_completions(self, inputs):
+        if not self.model.training:  # an eval through TRL: sampled here, on-policy, nothing to correct
+            self.use_vllm = False
+            try:
+                return super()._generate_and_score_completions(inputs)
+            finally:
+                self.use_vllm = True
         keys = [json.loads(x["row"])["key"] for x in inputs]
         out = super()._generate_and_score_completions(inputs)
         got = self.offpolicy_round

@@ -248,3 +248,16 @@ def test_importance_weights_by_hand_match_the_trainers(env, tmp_path, mode):  # 
         for i, d in enumerate(diffs):
             torch.testing.assert_close(ratio[i, :len(d)], torch.exp(d).clamp(0.5, 1.5), rtol=1e-4, atol=1e-5)
         assert ((ratio > 0.5) & (ratio < 1.5) & (ratio != 1)).any()
+
+
+def test_outside_training_the_trainer_samples_itself_and_corrects_nothing(env, tmp_path):  # noqa: F811
+    """An eval through TRL (the model in eval mode) never reads the buffer: TRL generates as it would on-policy, and
+    the batch carries no importance weights."""
+    trainer, _, _ = build_async(env)
+    trainer.sampler = SimpleNamespace(run_dir=tmp_path, lag=0, proc=None, stop=lambda: None,
+                                      wait=lambda r, tokens_used: pytest.fail("an eval waited for the buffer"))
+    inputs = next(iter(trainer.get_train_dataloader()))
+    trainer.model.eval()
+    out = trainer._generate_and_score_completions(inputs)
+    assert "importance_sampling_ratio" not in out and trainer.use_vllm
+    assert not (tmp_path / "offpolicy").exists()
