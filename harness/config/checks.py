@@ -21,6 +21,7 @@ from harness.config.schema import (
     JsonlData,
     PlacementKind,
     RolloutBackend,
+    RolloutConfig,
     RolloutMode,
     Source,
     SyntheticData,
@@ -309,6 +310,15 @@ def check_sharded_placement(cfg: Config, out: Findings) -> None:
                   "use placement=ddp on CPU (gloo), or run on a GPU node")
 
 
+def check_correction_caps(r: RolloutConfig, out: Findings) -> None:
+    """TRL's importance-sampling caps (vLLM's correction, off-policy rounds'): TRL's GRPOConfig refuses clip_min >=
+    clip_max too, but only once the model is loaded (on a GPU node)."""
+    if r.importance_sampling_clip_min >= r.importance_sampling_clip_max:
+        out.error("rollout.importance_sampling_clip_min", r.importance_sampling_clip_min,
+                  f"must be below rollout.importance_sampling_clip_max ({r.importance_sampling_clip_max})",
+                  "lower clip_min (0.0 masks nothing from below) or raise clip_max")
+
+
 #: Why an arm cannot train on rounds sampled ahead of it (rollout=async); grpo can.
 NOT_OFF_POLICY = {
     "papo": "its masked-image KL and entropy terms score the sampled completions under the current policy with no "
@@ -324,7 +334,8 @@ def check_offpolicy(cfg: Config, out: Findings) -> None:
     """rollout=async (harness.offpolicy): what the sampler process and the decoupled correction can honour."""
     r = cfg.rollout
     if r.mode is not RolloutMode["async"]:
-        for key, default in (("lag", 1), ("max_policy_age", 4)):
+        for key in ("lag", "max_policy_age"):
+            default = next(f.default for f in dataclasses.fields(RolloutConfig) if f.name == key)
             if getattr(r, key) != default:
                 out.error(f"rollout.{key}", getattr(r, key), "applies to off-policy rounds only (rollout.mode=sync)",
                           f"use rollout=async, or drop rollout.{key}")
@@ -350,10 +361,8 @@ def check_offpolicy(cfg: Config, out: Findings) -> None:
         out.error("rollout.importance_sampling_correction", False, "off-policy rounds are trained through the "
                   "decoupled correction (TRL's importance-sampling ratio between the sampling and the training "
                   "weights); without it the update is biased by the lag", "set it true (the default)")
-    elif r.importance_sampling_clip_min >= r.importance_sampling_clip_max:
-        out.error("rollout.importance_sampling_clip_min", r.importance_sampling_clip_min,
-                  f"must be below rollout.importance_sampling_clip_max ({r.importance_sampling_clip_max})",
-                  "lower clip_min (0.0 masks nothing from below) or raise clip_max")
+    else:
+        check_correction_caps(r, out)
 
 
 def check_rollout_and_placement(cfg: Config, out: Findings) -> None:
@@ -369,11 +378,8 @@ def check_rollout_and_placement(cfg: Config, out: Findings) -> None:
                       "run on a GPU node, or use rollout=hf")
         if cfg.arm.name in registry() and not registry()[cfg.arm.name].kind.samples:
             out.error("rollout", r.name, f"arm={cfg.arm.name} samples nothing", f"use rollout=hf with arm={cfg.arm.name}")
-        if r.importance_sampling_correction and r.importance_sampling_clip_min >= r.importance_sampling_clip_max:
-            # TRL's GRPOConfig refuses it too, but only on the GPU node once the model is loaded
-            out.error("rollout.importance_sampling_clip_min", r.importance_sampling_clip_min,
-                      f"must be below rollout.importance_sampling_clip_max ({r.importance_sampling_clip_max})",
-                      "lower clip_min (0.0 masks nothing from below) or raise clip_max")
+        if r.importance_sampling_correction:
+            check_correction_caps(r, out)
     elif r.vllm_mode is not None:
         out.error("rollout.vllm_mode", r.vllm_mode.value, "is set but rollout.backend=hf", "unset it or use a vllm rollout")
     check_offpolicy(cfg, out)

@@ -23,6 +23,7 @@ import hashlib
 from pathlib import Path
 
 DIR = "offpolicy"
+POLL_S = 0.02  # how often one side of the buffer looks for the other's file
 
 
 def root(run_dir: str | Path) -> Path:

@@ -1,20 +1,19 @@
 """The off-policy buffer's files (harness.offpolicy): published policy versions and sampled rounds, each written
-whole (a temporary name, fsync, rename) and read back checked. Imports torch."""
+whole (harness.rundir.atomic_write_bytes: a temporary name, fsync, rename) and read back checked. Imports torch."""
 
 from __future__ import annotations
 
-import os
+import io
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, save
 
-from harness.offpolicy import round_path, version_path
-
-POLL_S = 0.02  # how often a waiting side looks for the other's file
+from harness.offpolicy import POLL_S, round_path, version_path
+from harness.rundir import atomic_write_bytes
 
 
 @dataclass
@@ -34,20 +33,6 @@ class Round:
         return sum(len(c) for c in self.completion_ids)
 
 
-def _atomic(path: Path, write: Callable[[str], None]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    write(str(tmp))
-    with open(tmp, "rb") as fh:
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    dfd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
-
-
 def trainable(model) -> dict[str, torch.Tensor]:
     """The parameters a version publishes: those the trainer updates (all of them with full tuning, the adapter's
     with LoRA); the frozen rest is the base model both sides load."""
@@ -56,7 +41,7 @@ def trainable(model) -> dict[str, torch.Tensor]:
 
 def publish_version(model, run_dir, version: int) -> Path:
     path = version_path(run_dir, version)
-    _atomic(path, lambda tmp: save_file(trainable(model), tmp, metadata={"version": str(version)}))
+    atomic_write_bytes(path, save(trainable(model), metadata={"version": str(version)}))
     return path
 
 
@@ -74,8 +59,9 @@ def load_version(model, run_dir, version: int) -> None:
 
 
 def write_round(run_dir, rnd: Round) -> Path:
-    path = round_path(run_dir, rnd.round)
-    _atomic(path, lambda tmp: torch.save(asdict(rnd), tmp))
+    path, buf = round_path(run_dir, rnd.round), io.BytesIO()
+    torch.save(asdict(rnd), buf)
+    atomic_write_bytes(path, buf.getvalue())
     return path
 
 
@@ -96,17 +82,15 @@ def rollback(run_dir, start_round: int, lag: int) -> dict:
     """Before a (re)start of training at round `start_round`: the rounds sampled by weights the restarted trainer
     recomputes (version >= start_round, i.e. rounds >= start_round + lag) and those versions are removed, with every
     temporary file; rounds sampled by earlier versions stay (they are what the uninterrupted run trained on)."""
-    removed = {"rounds": 0, "versions": 0}
-    for kind, first in (("rounds", start_round + lag), ("policy", start_round + 1)):
-        folder = Path(run_dir) / "offpolicy" / kind
-        if not folder.is_dir():
-            continue
-        for p in folder.iterdir():
+    removed = {}
+    for kind, folder, first in (("rounds", round_path(run_dir, 0).parent, start_round + lag),
+                                ("versions", version_path(run_dir, 0).parent, start_round + 1)):
+        removed[kind] = 0
+        for p in folder.iterdir() if folder.is_dir() else ():
             index = _index(p.name)
             if p.name.endswith(".tmp") or (index is not None and index >= first):
                 p.unlink()
-                if not p.name.endswith(".tmp"):
-                    removed["rounds" if kind == "rounds" else "versions"] += 1
+                removed[kind] += not p.name.endswith(".tmp")
     return removed
 
 

@@ -11,12 +11,11 @@ import time
 from pathlib import Path
 
 from harness.errors import HarnessError
-from harness.offpolicy import DIR, round_path
+from harness.offpolicy import DIR, POLL_S, round_path
 
 log = logging.getLogger("harness")
 
 MAX_RESTARTS = 3
-POLL_S = 0.02
 
 
 class SamplerGone(HarnessError):
@@ -85,9 +84,9 @@ class SamplerProcess:
     def oldest_needed(self, rnd: int) -> int:
         """The oldest policy version a round still to be sampled can need: on this run's way on from round `rnd`, or
         on a resume from any checkpoint still kept (rounds from the checkpoint's on)."""
-        from harness.accounting.checkpoint import complete_checkpoints
+        from harness.accounting.checkpoint import complete_checkpoints, step_of
 
-        starts = [int(p.name.rsplit("-", 1)[1]) // self.cycle for p in complete_checkpoints(self.run_dir)]
+        starts = [step_of(p) // self.cycle for p in complete_checkpoints(self.run_dir)]
         return max(0, min([rnd, *starts]) - self.lag)
 
     def stop(self) -> None:

@@ -12,7 +12,7 @@ import torch
 
 from harness.errors import ConfigError
 from harness.offpolicy import round_path, round_seed, sampled_by, version_path
-from tests.unit.test_trl_contract import build, env  # noqa: F401  (env: the module fixture the trainers share)
+from tests.unit.test_trl_contract import build, build_context, env  # noqa: F401  (env: the module fixture the trainers share)
 
 
 # --- the plan
@@ -154,26 +154,15 @@ def test_the_sampler_schedule_is_the_trainers_data_order(env):  # noqa: F811
 
 
 def build_async(env, *overrides):  # noqa: F811
-    """(trainer, model, plan) of arm=grpo rollout=async, as tests/unit/test_trl_contract.build makes them, with the
-    sampler process as the trainer sees it replaced by its round already in the buffer (the test writes it)."""
+    """(trainer, model, build context) of arm=grpo rollout=async, as tests/unit/test_trl_contract.build makes them;
+    the test replaces the sampler process as the trainer sees it (its round already in the buffer)."""
     from arms import build_trainer
-    from arms.common import BuildContext
-    from harness.cli import compose_plan
-    from harness.data.trainsets import rl_dataset
-    from harness.models import load_tiny, special_token_ids_to_suppress
-    from tests.unit.test_trl_contract import _varied
 
-    plan = compose_plan(["arm=grpo", "rollout=async", "debug=tiny", f"output_root={env['tmp']}",
-                         "arm.prompts_per_step=2", "arm.num_generations=4", "arm.max_completion_length=6",
-                         "arm.mask_truncated_completions=false", *overrides])
-    model, processor = load_tiny(env["model_path"])
-    ctx = BuildContext(plan=plan, run_dir=env["tmp"] / "async", model=model, processor=processor,
-                       train_dataset=rl_dataset(env["root"], env["rows"], is_vlm=True), reward_fn=_varied,
-                       suppress_token_ids=special_token_ids_to_suppress(processor))
+    ctx = build_context(env, "grpo", "rollout=async", *overrides)
     trainer = build_trainer("grpo", ctx)
     trainer.model.train()
     trainer.current_gradient_accumulation_steps = 1
-    return trainer, model, ctx
+    return trainer, ctx.model, ctx
 
 
 def sample_round(env, ctx, state, index: int = 0):  # noqa: F811

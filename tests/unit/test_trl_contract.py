@@ -183,9 +183,8 @@ def _varied(completions, **kwargs):
 _varied.__name__ = "varied"
 
 
-def build(env, arm: str, *overrides: str, model=None):
-    """(trainer, model) for `arm` through arms.build_trainer, as the harness builds it (B = 2 prompts x 4)."""
-    from arms import build_trainer
+def build_context(env, arm: str, *overrides: str, model=None):
+    """The BuildContext (arms.common) of `arm` on the tiny model and set, as the harness builds it (B = 2 prompts x 4)."""
     from arms.common import BuildContext
     from harness.cli import compose_plan
     from harness.models import load_tiny, special_token_ids_to_suppress
@@ -198,13 +197,20 @@ def build(env, arm: str, *overrides: str, model=None):
         model, processor = load_tiny(env["model_path"])
     else:
         _, processor = load_tiny(env["model_path"])
-    ctx = BuildContext(plan=plan, run_dir=env["tmp"] / arm, model=model, processor=processor,
-                       train_dataset=rl_dataset(env["root"], env["rows"], is_vlm=True), reward_fn=_varied,
-                       suppress_token_ids=special_token_ids_to_suppress(processor))
+    return BuildContext(plan=plan, run_dir=env["tmp"] / arm, model=model, processor=processor,
+                        train_dataset=rl_dataset(env["root"], env["rows"], is_vlm=True), reward_fn=_varied,
+                        suppress_token_ids=special_token_ids_to_suppress(processor))
+
+
+def build(env, arm: str, *overrides: str, model=None):
+    """(trainer, model) for `arm` through arms.build_trainer, as the harness builds it (build_context)."""
+    from arms import build_trainer
+
+    ctx = build_context(env, arm, *overrides, model=model)
     trainer = build_trainer(arm, ctx)
     trainer.model.train()
     trainer.current_gradient_accumulation_steps = 1  # set by the training loop; compute_loss reads it
-    return trainer, model
+    return trainer, ctx.model
 
 
 def generation_batch(trainer, seed: int = 0, with_full: bool = False):
