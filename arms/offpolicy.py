@@ -20,7 +20,7 @@ import logging
 import torch
 from trl import GRPOTrainer
 
-from harness.offpolicy import sampled_by
+from harness.offpolicy import age_allowed
 from harness.offpolicy.buffer import Round, prune_versions, publish_version, read_round, rollback
 
 log = logging.getLogger("harness")
@@ -96,7 +96,7 @@ class OffPolicyGRPOTrainer(GRPOTrainer):
             return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations,
                                                  has_tool_images)
         rnd = self.generation_round.index(self.state.global_step)
-        lag = self.sampler.lag
+        lag, cap = self.sampler.lag, self.sampler.cap
         if self.sampler.proc is None:  # this training's first round: the buffer rolled back to it
             removed = rollback(self.run_dir, rnd, lag)
             if any(removed.values()):
@@ -105,10 +105,10 @@ class OffPolicyGRPOTrainer(GRPOTrainer):
         used = self._ledger.ctx.tokens_used if self._ledger is not None else 0
         self.sampler.wait(rnd, tokens_used=used)  # started (again) where it must be
         got = read_round(self.run_dir, rnd)
-        if got.version != sampled_by(rnd, lag) or got.prompt_ids != [list(p) for p in prompt_ids]:
+        if not age_allowed(rnd, got.version, lag, cap) or got.prompt_ids != [list(p) for p in prompt_ids]:
             raise RuntimeError(f"the off-policy buffer's round {rnd} (sampled by version {got.version}) does not hold "
-                               f"this round's prompts, or the version lag {lag} implies ({sampled_by(rnd, lag)}): the "
-                               "sampler's schedule no longer matches the trainer's data order")
+                               f"this round's prompts, or a version rollout.lag={lag} and rollout.max_policy_age={cap} "
+                               "allow: the sampler's schedule no longer matches the trainer's")
         self.offpolicy_round = got
         if self._ledger is not None:
             self._ledger.ctx.sampled_version = got.version  # the ledger rows of this round carry it

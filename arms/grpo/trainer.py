@@ -61,7 +61,8 @@ def build_trainer(ctx: BuildContext, trainer_cls=None, config_cls=None, **extra_
 
             mine, threads = split_threads(torch.get_num_threads(), ctx.plan.cfg.rollout.sampler_threads)
         extra["threads"] = mine  # the trainer's while it trains (restored after)
-        extra["sampler"] = SamplerProcess(ctx.run_dir, lag=ctx.plan.cfg.rollout.lag, cycle=ctx.plan.round.cycle,
+        extra["sampler"] = SamplerProcess(ctx.run_dir, lag=ctx.plan.cfg.rollout.lag,
+                                          cap=ctx.plan.cfg.rollout.max_policy_age, cycle=ctx.plan.round.cycle,
                                           token_share=getattr(getattr(ctx.reward_fn, "ctx", None), "token_share", None),
                                           threads=threads)
     trainer = (trainer_cls or GRPOTrainer)(

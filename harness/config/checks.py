@@ -350,10 +350,7 @@ def check_offpolicy(cfg: Config, out: Findings) -> None:
     if cfg.placement.world_size != 1:
         out.error("placement", cfg.placement.name, f"the off-policy sampler feeds one trainer rank, the job has "
                   f"{cfg.placement.world_size}", "use placement=single with rollout=async")
-    if r.lag is None:
-        out.error("rollout.lag", None, "free-running rounds (no fixed lag) are not built yet", "set rollout.lag=k "
-                  f"(0 <= k <= rollout.max_policy_age={r.max_policy_age})")
-    elif r.lag > r.max_policy_age:
+    if r.lag is not None and r.lag > r.max_policy_age:
         out.error("rollout.lag", r.lag, f"from round {r.max_policy_age + 1} on every round would be older than "
                   f"rollout.max_policy_age={r.max_policy_age} and dropped", f"lower rollout.lag to at most "
                   f"{r.max_policy_age}, or raise rollout.max_policy_age")

@@ -193,7 +193,8 @@ class RolloutConfig:
                           "TRL's importance-sampling ratio (rollout=async, docs/off-policy.md)")
     lag: Optional[int] = f(1, "rollout=async: the round trained at round r is sampled by the weights at the start of "
                            "round max(0, r - lag) (rounds = optimizer steps when arm.steps_per_generation x "
-                           "num_iterations = 1); deterministic and resumable bit for bit", ge=0)
+                           "num_iterations = 1); deterministic and resumable bit for bit. null: free running, each round "
+                           "sampled by the newest version, never older than rollout.max_policy_age", ge=0)
     sampler_threads: Optional[int] = f(None, "rollout=async on CPU: torch threads of the sampler process; null: half of "
                                        "the trainer's, the trainer keeps the rest (the two share the cores)",
                                        semantic=False, ge=1)

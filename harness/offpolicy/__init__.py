@@ -10,8 +10,11 @@ them with TRL's importance-sampling ratio between the weights that sampled them 
 
 With `rollout.lag=k` round r is sampled by version max(0, r - k): the sampler runs at most k rounds ahead, and a
 run is reproducible and resumable bit for bit (each round's sampling RNG is seeded by (seed, round), never by the
-position of a shared stream). Every file is written to a temporary name, fsynced and renamed: a file that is there
-is whole.
+position of a shared stream). Free running (`rollout.lag=null`): round r is sampled by the newest version at most r
+published when the sampler starts it, and the sampler starts it only once version r - max_policy_age is out, so no
+round is sampled older than the cap (none is sampled to be dropped); which version samples which round then depends
+on the two processes' speeds, and the round file records it. Every file is written to a temporary name, fsynced and
+renamed: a file that is there is whole.
 
 Torch-free at import: the paths and the schedule are read by the control plane; harness.offpolicy.buffer and
 harness.offpolicy.sampler import torch.
@@ -41,6 +44,24 @@ def round_path(run_dir: str | Path, rnd: int) -> Path:
 def sampled_by(rnd: int, lag: int) -> int:
     """The policy version (round whose starting weights) that samples round `rnd` at a fixed lag."""
     return max(0, rnd - lag)
+
+
+def newest_version(run_dir: str | Path, at_most: int) -> int | None:
+    """The newest published policy version no newer than `at_most` (free running: the one that samples a round),
+    or None when none is published."""
+    folder = version_path(run_dir, 0).parent
+    found = [int(p.name[len("version-"):-len(".safetensors")]) for p in folder.glob("version-*.safetensors")] \
+        if folder.is_dir() else []
+    found = [v for v in found if v <= at_most]
+    return max(found) if found else None
+
+
+def age_allowed(rnd: int, version: int, lag: int | None, cap: int) -> bool:
+    """Whether round `rnd` may be trained from a round sampled by `version`: at a fixed lag exactly
+    sampled_by(rnd, lag); free running any version from rnd - cap to rnd."""
+    if lag is not None:
+        return version == sampled_by(rnd, lag)
+    return 0 <= rnd - version <= cap
 
 
 def round_seed(seed: int, rnd: int) -> int:

@@ -78,17 +78,19 @@ def wait_for(path: Path, gone: Callable[[], bool]) -> bool:
     return True
 
 
-def rollback(run_dir, start_round: int, lag: int) -> dict:
-    """Before a (re)start of training at round `start_round`: the rounds sampled by weights the restarted trainer
-    recomputes (version >= start_round, i.e. rounds >= start_round + lag) and those versions are removed, with every
-    temporary file; rounds sampled by earlier versions stay (they are what the uninterrupted run trained on)."""
+def rollback(run_dir, start_round: int, lag: int | None) -> dict:
+    """Before a (re)start of training at round `start_round`, every temporary file is removed, and at a fixed lag
+    the rounds sampled by weights the restarted trainer recomputes (version >= start_round, i.e. rounds >=
+    start_round + lag) and those versions; rounds sampled by earlier versions stay (they are what the uninterrupted
+    run trained on). Free running (`lag` None) every round stays: the restarted trainer trains on the rounds the
+    buffer holds, as the interrupted run did (a replay), and the sampler goes on after the last of them."""
     removed = {}
-    for kind, folder, first in (("rounds", round_path(run_dir, 0).parent, start_round + lag),
+    for kind, folder, first in (("rounds", round_path(run_dir, 0).parent, start_round + (lag or 0)),
                                 ("versions", version_path(run_dir, 0).parent, start_round + 1)):
         removed[kind] = 0
         for p in folder.iterdir() if folder.is_dir() else ():
             index = _index(p.name)
-            if p.name.endswith(".tmp") or (index is not None and index >= first):
+            if p.name.endswith(".tmp") or (lag is not None and index is not None and index >= first):
                 p.unlink()
                 removed[kind] += not p.name.endswith(".tmp")
     return removed

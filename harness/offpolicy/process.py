@@ -33,8 +33,9 @@ def split_threads(total: int, asked: int | None) -> tuple[int, int]:
 
 
 class SamplerProcess:
-    def __init__(self, run_dir: str | Path, *, lag: int, cycle: int, token_share: int | None, threads: int | None = None):
-        self.run_dir, self.lag, self.cycle, self.token_share = Path(run_dir), lag, cycle, token_share
+    def __init__(self, run_dir: str | Path, *, lag: int | None, cap: int, cycle: int, token_share: int | None,
+                 threads: int | None = None):
+        self.run_dir, self.lag, self.cap, self.cycle, self.token_share = Path(run_dir), lag, cap, cycle, token_share
         self.threads = threads  # the sampler's torch threads (None: torch's default)
         self.proc: subprocess.Popen | None = None
         self.restarts = 0
@@ -52,8 +53,8 @@ class SamplerProcess:
             fh.write(f"--- sampler from round {start_round} ({time.strftime('%Y-%m-%dT%H:%M:%S')})\n".encode())
             fh.flush()
             self.proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        log.info("off-policy: sampler process %d from round %d, lag %d, %s (its log: %s)", self.proc.pid,
-                 start_round, self.lag, f"{self.threads} thread(s)" if self.threads else "its own device",
+        log.info("off-policy: sampler process %d from round %d, %s, %s (its log: %s)", self.proc.pid,
+                 start_round, f"lag {self.lag}" if self.lag is not None else f"free running (age cap {self.cap})", f"{self.threads} thread(s)" if self.threads else "its own device",
                  self.log_path)
 
     def wait(self, rnd: int, *, tokens_used: int) -> None:
@@ -83,11 +84,12 @@ class SamplerProcess:
 
     def oldest_needed(self, rnd: int) -> int:
         """The oldest policy version a round still to be sampled can need: on this run's way on from round `rnd`, or
-        on a resume from any checkpoint still kept (rounds from the checkpoint's on)."""
+        on a resume from any checkpoint still kept (rounds from the checkpoint's on). Free running the sampler never
+        reaches back further than the cap (harness.offpolicy.sampler.choose_version)."""
         from harness.accounting.checkpoint import complete_checkpoints, step_of
 
         starts = [step_of(p) // self.cycle for p in complete_checkpoints(self.run_dir)]
-        return max(0, min([rnd, *starts]) - self.lag)
+        return max(0, min([rnd, *starts]) - (self.lag if self.lag is not None else self.cap))
 
     def stop(self) -> None:
         proc, self.proc = self.proc, None

@@ -5,7 +5,8 @@
 Started by the trainer (harness.offpolicy.process), never by hand. It rebuilds what the trainer built from the run's
 frozen plan (the data, the policy, TRL's trainer with the same GRPOConfig) and samples rounds R, R+1, ... in the
 trainer's data order (TRL's RepeatSampler, the same seed): round r from policy version max(0, r - rollout.lag),
-which it waits for, with its RNG seeded by (seed, r). A round already in the buffer is kept (sampled before a
+which it waits for, or free running (rollout.lag=null) from the newest version at most r once version
+r - rollout.max_policy_age is out; its RNG seeded by (seed, r). A round already in the buffer is kept (sampled before a
 restart by the same weights). It stops where the trainer would: at budget.max_steps, or before a round whose worst
 case could exceed the token budget (harness.run.callbacks.BudgetCallback's rule). It exits when the trainer does.
 """
@@ -49,6 +50,19 @@ def sampler_trainer(ctx):
                               train_dataset=ctx.train_dataset, processing_class=ctx.processor)
 
 
+def choose_version(run_dir: Path, rnd: int, lag: int | None, cap: int, gone) -> int | None:
+    """The policy version that samples round `rnd`, once it is published (None: the trainer exited first). At a
+    fixed lag: sampled_by(rnd, lag). Free running: the newest at most `rnd`, waiting only while round `rnd` would be
+    older than the cap `cap` (the trainer prunes nothing this new: harness.offpolicy.process.oldest_needed)."""
+    from harness.offpolicy import newest_version, sampled_by, version_path
+    from harness.offpolicy.buffer import wait_for
+
+    floor = sampled_by(rnd, lag if lag is not None else cap)
+    if not wait_for(version_path(run_dir, floor), gone):
+        return None
+    return floor if lag is not None else newest_version(run_dir, at_most=rnd)
+
+
 def build(run_dir: Path):
     """The plan, the model, the dataset and the sampler's trainer, as the trainer process built them."""
     from arms.common import BuildContext
@@ -87,8 +101,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from harness.faults import point
     from harness.log import quiet_libraries
-    from harness.offpolicy import round_path, round_seed, sampled_by, version_path
-    from harness.offpolicy.buffer import Round, load_version, read_round, wait_for, write_round
+    from harness.offpolicy import round_path, round_seed
+    from harness.offpolicy.buffer import Round, load_version, read_round, write_round
 
     quiet_libraries()
     if args.threads is not None:
@@ -96,8 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     plan, policy, dataset, trainer = build(args.run_dir)
     cfg, rnd_of = plan.cfg, plan.round
-    lag = cfg.rollout.lag
-    log.info("built in %.1f s: rounds from %d, lag %d", time.time() - t0, args.start, lag)
+    lag, cap = cfg.rollout.lag, cfg.rollout.max_policy_age
+    log.info("built in %.1f s: rounds from %d, %s", time.time() - t0, args.start,
+             f"lag {lag}" if lag is not None else f"free running, age cap {cap}")
     tokens, loaded = args.tokens_used, None
     for r, indices in enumerate(schedule(trainer._get_train_sampler(), rnd_of.completions,
                                          trainer.num_iterations * trainer.args.steps_per_generation)):
@@ -112,11 +127,11 @@ def main(argv: list[str] | None = None) -> int:
             log.info("budget: round %d could exceed the token share (%d used, bound %d, share %d): done", r, tokens,
                      rnd_of.token_bound, args.token_share)
             break
-        version = sampled_by(r, lag)
+        version = choose_version(args.run_dir, r, lag, cap, gone)
+        if version is None:
+            log.info("the trainer exited before publishing the version for round %d: done", r)
+            return 0
         if version != loaded:
-            if not wait_for(version_path(args.run_dir, version), gone):
-                log.info("the trainer exited before publishing version %d: done", version)
-                return 0
             load_version(policy.model, args.run_dir, version)
             loaded = version
         seed = round_seed(cfg.seed, r)

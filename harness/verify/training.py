@@ -207,8 +207,9 @@ def check_periodic_evals(run_dir: Path, m: dict) -> list[str]:
 
 
 def check_policy_ages(run_dir: Path, m: dict) -> list[str]:
-    """rollout=async: every ledger row names the policy version that sampled it, its age is the lag's (round minus
-    version, never above rollout.max_policy_age), and its trace row says the same."""
+    """rollout=async: every ledger row names the policy version that sampled it, its age (round minus version) is
+    the lag's, or free running (rollout.lag null) from 0 to rollout.max_policy_age, and its trace row says the
+    same."""
     rollout = ((m.get("plan") or {}).get("config") or {}).get("rollout") or {}
     if rollout.get("mode") != "async":
         return []
@@ -223,7 +224,7 @@ def check_policy_ages(run_dir: Path, m: dict) -> list[str]:
                 out.append(f"{lp.name}: {cid} names no policy version (rollout=async samples every round from one)")
                 break
             rnd = r["step"] // cycle
-            if age != rnd - version or age > cap or (lag is not None and age != min(rnd, lag)):
+            if age != rnd - version or not 0 <= age <= cap or (lag is not None and age != min(rnd, lag)):
                 out.append(f"{lp.name}: {cid} trained at round {rnd} was sampled by version {version} (age {age}); "
                            f"rollout.lag={lag}, rollout.max_policy_age={cap}")
                 break

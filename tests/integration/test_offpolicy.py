@@ -8,6 +8,9 @@ start (tests/conftest.py's `tiny`), its rounds sampled by a separate sampler pro
 - lag=0: every importance weight is exactly 1 and every age 0, and each step trains the prompts the synchronous
   run trains (its completions differ: the sampler's RNG is seeded per round, the trainer's is one stream).
 - lag=2 (slow): twice the same, each completion's age min(round, 2).
+- free running (lag=null, cap 2): killed at a random step, the same command replays the rounds the buffer holds
+  (the killed run's ledger is a prefix of the finished one's) and goes on; every age within the cap, under the
+  budget, verify clean.
 """
 
 from __future__ import annotations
@@ -157,3 +160,29 @@ def test_lag2_twice_is_the_same_run_with_ages_up_to_two(tiny, tmp_path):
     assert ages == {(s, min(s, 2)) for s, _ in ages}
     completion = json.loads((runs[0] / "completion.json").read_text())
     assert completion["realized_completion_tokens"] <= completion["completion_token_ceiling"]
+
+
+def test_free_running_killed_and_resumed_replays_its_buffer_keeps_every_age_within_the_cap(tiny, tmp_path):
+    step = random.Random().randint(3, 6)  # a random point, named in the failure
+    out = tiny.case(tmp_path / "out")
+    free = ("rollout.lag=null", "rollout.max_policy_age=2")
+    killed = async_run(tiny, out, *free, fault=f"rl.step@{step}:kill")
+    assert killed.returncode == -signal.SIGKILL, f"not killed after step {step}: {killed.stderr[-3000:]}"
+    run = run_dir_of(out, "grpo")
+    before = (run / "ledgers/rank-0.jsonl").read_bytes()
+    assert before.count(b"\n") == 32 * step  # steps 0 .. step-1, 32 completions each
+    again = async_run(tiny, out, *free)
+    assert again.returncode == 0, again.stderr[-4000:]
+    assert verify(run) == [], verify(run)
+    after = (run / "ledgers/rank-0.jsonl").read_bytes()
+    assert after.startswith(before), f"killed after step {step}: the resumed run did not replay the buffer's rounds"
+    rows = list(read_rows(run / "ledgers/rank-0.jsonl"))
+    assert {r["policy_age"] for r in rows} <= {0, 1, 2} and rows[0]["policy_age"] == 0
+    assert all(r["policy_age"] == r["step"] - r["policy_version"] for r in rows)
+    from harness.offpolicy.buffer import read_round
+
+    versions = {r["step"]: r["policy_version"] for r in rows}
+    assert versions == {s: read_round(run, s).version for s in versions}  # what the buffer says sampled each round
+    completion = json.loads((run / "completion.json").read_text())
+    assert completion["realized_completion_tokens"] <= completion["completion_token_ceiling"]
+    assert (run / "offpolicy/sampler.log").read_text().count("--- sampler from round") == 2

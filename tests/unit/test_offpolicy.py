@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from harness.errors import ConfigError
-from harness.offpolicy import round_path, round_seed, sampled_by, version_path
+from harness.offpolicy import age_allowed, newest_version, round_path, round_seed, sampled_by, version_path
 from tests.unit.test_trl_contract import build, build_context, env  # noqa: F401  (env: the module fixture the trainers share)
 
 
@@ -23,7 +23,8 @@ from tests.unit.test_trl_contract import build, build_context, env  # noqa: F401
     (("arm=evi_po",), "rollout"),
     (("arm=opd",), "rollout"),
     (("rollout.lag=5",), "rollout.lag"),  # above the cap (4): from round 5 on every round would be dropped
-    (("rollout.lag=null",), "rollout.lag"),  # free running: not built yet, said so
+    (("rollout.lag=null", "rollout.importance_sampling_correction=false"),
+     "rollout.importance_sampling_correction"),  # free running is corrected like a fixed lag
     (("rollout.importance_sampling_correction=false",), "rollout.importance_sampling_correction"),
     (("rollout.importance_sampling_clip_min=3.0",), "rollout.importance_sampling_clip_min"),
     (("placement=ddp", "placement.num_processes=2"), "placement"),
@@ -78,6 +79,34 @@ def test_the_versions_a_fixed_lag_samples_from():
     assert round_seed(0, 3) == round_seed(0, 3) != round_seed(0, 4) != round_seed(1, 4)
 
 
+def test_free_running_samples_from_the_newest_version_never_older_than_the_cap(tmp_path):
+    """rollout.lag=null: round r is sampled by the newest published version at most r, and the sampler waits while
+    that would be older than the cap; the trainer accepts any age from 0 to the cap, a fixed lag exactly its own."""
+    import threading
+
+    from harness.offpolicy.sampler import choose_version
+
+    def publish(v):
+        version_path(tmp_path, v).parent.mkdir(parents=True, exist_ok=True)
+        version_path(tmp_path, v).write_bytes(b"x")
+
+    assert newest_version(tmp_path, at_most=3) is None
+    publish(0)
+    assert [choose_version(tmp_path, r, None, 2, lambda: False) for r in range(3)] == [0, 0, 0]
+    assert choose_version(tmp_path, 3, None, 2, lambda: True) is None  # version 1 not out, the trainer gone
+    publish(1), publish(2), publish(5)
+    assert choose_version(tmp_path, 3, None, 2, lambda: False) == 2  # the newest at most 3 (not 5: a later round's)
+    assert choose_version(tmp_path, 4, 2, 4, lambda: False) == 2  # a fixed lag: exactly r - lag
+    # round 6 with cap 2 waits for version 4, then takes the newest at most 6 (5)
+    later = threading.Timer(0.2, publish, args=(4,))
+    later.start()
+    assert choose_version(tmp_path, 6, None, 2, lambda: False) == 5
+    later.join()
+    assert age_allowed(6, 4, None, 2) and age_allowed(6, 6, None, 2) and not age_allowed(6, 3, None, 2)
+    assert not age_allowed(6, 7, None, 2)  # a version newer than the round: the sampler broke its schedule
+    assert age_allowed(6, 4, 2, 4) and not age_allowed(6, 5, 2, 4)
+
+
 def test_the_cpu_is_split_between_trainer_and_sampler():
     from harness.offpolicy.process import split_threads
 
@@ -126,6 +155,11 @@ def test_rollback_keeps_the_rounds_sampled_before_the_restart_point(tmp_path):
     assert prune_versions(tmp_path, below=2) == 2
     assert sorted(p.name for p in version_path(tmp_path, 0).parent.iterdir()) == [
         f"version-{v:06d}.safetensors" for v in (2, 3, 4)]
+    # free running: a restart replays every round the buffer holds; only temporary files go
+    (round_path(tmp_path, 8).parent / ".round-000008.pt.123.tmp").write_bytes(b"half")
+    assert rollback(tmp_path, 1, None) == {"rounds": 0, "versions": 0}
+    assert sorted(p.name for p in round_path(tmp_path, 0).parent.iterdir()) == [
+        f"round-{r:06d}.pt" for r in range(6)]
 
 
 def test_the_sampler_schedule_is_the_trainers_data_order(env):  # noqa: F811
@@ -211,7 +245,7 @@ def test_importance_weights_by_hand_match_the_trainers(env, tmp_path, mode):  # 
     trainer, model, ctx = build_async(env, f"rollout.importance_sampling_mode={mode}",
                                       "rollout.importance_sampling_clip_max=1.5",
                                       "rollout.importance_sampling_clip_min=0.5")
-    trainer.sampler = SimpleNamespace(run_dir=tmp_path, lag=0, proc=object(), wait=lambda r, tokens_used: None,
+    trainer.sampler = SimpleNamespace(run_dir=tmp_path, lag=0, cap=4, proc=object(), wait=lambda r, tokens_used: None,
                                       oldest_needed=lambda r: 0, stop=lambda: None)
     inputs, got = sample_round(env, ctx, {k: v.clone() for k, v in model.state_dict().items()})
     write_round(tmp_path, got)
@@ -243,7 +277,7 @@ def test_outside_training_the_trainer_samples_itself_and_corrects_nothing(env, t
     """An eval through TRL (the model in eval mode) never reads the buffer: TRL generates as it would on-policy, and
     the batch carries no importance weights."""
     trainer, _, _ = build_async(env)
-    trainer.sampler = SimpleNamespace(run_dir=tmp_path, lag=0, proc=None, stop=lambda: None,
+    trainer.sampler = SimpleNamespace(run_dir=tmp_path, lag=0, cap=4, proc=None, stop=lambda: None,
                                       wait=lambda r, tokens_used: pytest.fail("an eval waited for the buffer"))
     inputs = next(iter(trainer.get_train_dataloader()))
     trainer.model.eval()
