@@ -43,6 +43,10 @@ def run_job(cfg: DictConfig, choices: dict | None = None, overrides: list[str] |
             raise ConfigError([Problem("sweep", choices["sweep"], "a named sweep defines several jobs; without -m "
                                        "only one would run", f"python -m harness -m sweep={choices['sweep']} ...")])
         plan = build_plan(cfg, choices, overrides)
+        if multirun:
+            from harness.sweep import remember_run_dir
+
+            remember_run_dir(overrides or [], plan.run_dir)  # the job's record names it without planning again
         if plan.cfg.mode == "plan":
             from harness.rundir import check_writable_dirs
 

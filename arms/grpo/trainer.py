@@ -9,6 +9,8 @@ internals).
 
 from __future__ import annotations
 
+import os
+
 from arms.common import BuildContext, training_kwargs
 from harness.rollout import rollout_kwargs
 
@@ -47,24 +49,25 @@ def build_trainer(ctx: BuildContext, trainer_cls=None, config_cls=None, **extra_
     args = (config_cls or GRPOConfig)(**grpo_config_kwargs(ctx), **extra_config)
     extra = {}
     if ctx.plan.cfg.rollout.mode.value == "async":  # rounds sampled ahead by another process (harness.offpolicy)
+        import torch
+
         from arms.offpolicy import OffPolicyGRPOTrainer
-        from harness.offpolicy.process import SamplerProcess
+        from harness.offpolicy.process import SamplerProcess, sampler_gpu, split_threads
 
         if trainer_cls is not None:  # the plan refuses it (harness.config.checks.NOT_OFF_POLICY); never silently
             raise RuntimeError(f"rollout=async trains arm=grpo only, not {trainer_cls.__name__}")
         trainer_cls = OffPolicyGRPOTrainer
-        mine = threads = None
-        if not ctx.device.startswith("cuda"):  # one CPU for both: the sampler takes its share of the threads
-            import torch
-
-            from harness.offpolicy.process import split_threads
-
+        mine = threads = gpu = None
+        if ctx.device.startswith("cuda"):  # a GPU of its own where a second is visible, else the trainer's
+            index = int(ctx.device.split(":")[1]) if ":" in ctx.device else 0
+            gpu = sampler_gpu(torch.cuda.device_count(), os.environ.get("CUDA_VISIBLE_DEVICES"), index)
+        else:  # one CPU for both: the sampler takes its share of the threads
             mine, threads = split_threads(torch.get_num_threads(), ctx.plan.cfg.rollout.sampler_threads)
         extra["threads"] = mine  # the trainer's while it trains (restored after)
         extra["sampler"] = SamplerProcess(ctx.run_dir, lag=ctx.plan.cfg.rollout.lag,
                                           cap=ctx.plan.cfg.rollout.max_policy_age, cycle=ctx.plan.round.cycle,
                                           token_share=getattr(getattr(ctx.reward_fn, "ctx", None), "token_share", None),
-                                          threads=threads)
+                                          threads=threads, gpu=gpu)
     trainer = (trainer_cls or GRPOTrainer)(
         model=ctx.model,
         reward_funcs=[ctx.reward_fn],

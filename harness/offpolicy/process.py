@@ -5,6 +5,7 @@ Torch-free."""
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 import sys
 import time
@@ -32,11 +33,22 @@ def split_threads(total: int, asked: int | None) -> tuple[int, int]:
     return max(1, total - sampler), sampler
 
 
+def sampler_gpu(count: int, visible: str | None, trainer_index: int = 0) -> str | None:
+    """The CUDA_VISIBLE_DEVICES value that gives the sampler a GPU of its own: the next visible device after the
+    trainer's (`count` devices visible to the trainer, `visible` its CUDA_VISIBLE_DEVICES), or None with fewer than
+    two (the sampler shares the trainer's device)."""
+    if count < 2:
+        return None
+    ids = [x.strip() for x in visible.split(",") if x.strip()] if visible else [str(i) for i in range(count)]
+    return ids[(trainer_index + 1) % len(ids)] if len(ids) >= 2 else None
+
+
 class SamplerProcess:
     def __init__(self, run_dir: str | Path, *, lag: int | None, cap: int, cycle: int, token_share: int | None,
-                 threads: int | None = None):
+                 threads: int | None = None, gpu: str | None = None):
         self.run_dir, self.lag, self.cap, self.cycle, self.token_share = Path(run_dir), lag, cap, cycle, token_share
-        self.threads = threads  # the sampler's torch threads (None: torch's default)
+        self.threads = threads  # the sampler's torch threads on a shared CPU (None: torch's default)
+        self.gpu = gpu  # the sampler's own GPU (its CUDA_VISIBLE_DEVICES: sampler_gpu), None: the trainer's device
         self.proc: subprocess.Popen | None = None
         self.restarts = 0
         self.log_path = self.run_dir / DIR / "sampler.log"

@@ -111,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     plan, policy, dataset, trainer = build(args.run_dir)
     cfg, rnd_of = plan.cfg, plan.round
     lag, cap = cfg.rollout.lag, cfg.rollout.max_policy_age
-    log.info("built in %.1f s: rounds from %d, %s", time.time() - t0, args.start,
+    log.info("built in %.1f s on %s (CUDA_VISIBLE_DEVICES=%s): rounds from %d, %s", time.time() - t0,
+             policy.device, os.environ.get("CUDA_VISIBLE_DEVICES"), args.start,
              f"lag {lag}" if lag is not None else f"free running, age cap {cap}")
     tokens, loaded = args.tokens_used, None
     for r, indices in enumerate(schedule(trainer._get_train_sampler(), rnd_of.completions,

@@ -60,3 +60,19 @@ def test_two_gpu_placements(tmp_path, placement):
     assert proc.returncode == 0, proc.stderr[-4000:]
     comp = _completed(tmp_path, "papo")
     assert comp["world_size"] == 2
+
+
+def test_offpolicy_sampler_on_its_own_device(tmp_path):
+    """rollout=async on a GPU: with two visible the sampler process takes the second (its CUDA_VISIBLE_DEVICES),
+    with one it shares the trainer's; either way verify reads every completion's policy age."""
+    proc = run_harness("rollout=async", "debug=tiny", "placement.device=cuda", f"output_root={tmp_path}",
+                       timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    _completed(tmp_path, "grpo")
+    (run,) = [p for p in (tmp_path / "runs").iterdir() if p.name.startswith("grpo-")]
+    log = (run / "offpolicy/sampler.log").read_text()
+    assert "built in" in log and " on cuda" in log, log[-2000:]
+    if _gpus() >= 2:
+        assert "on GPU 1 of its own" in log and "CUDA_VISIBLE_DEVICES=1)" in log, log[-2000:]
+    else:
+        assert "on the trainer's device" in log, log[-2000:]

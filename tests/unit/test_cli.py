@@ -140,6 +140,11 @@ def test_sweep_records_every_job_and_a_failing_job_does_not_end_it(tmp_path):
     assert failed["status"] == "failed" and failed["exit_code"] == 2 and failed["run_dir"] is None
     assert ok["status"] == "completed" and ok["run_dir"].startswith(str(tmp_path / "runs"))
     assert not (tmp_path / "runs").exists()  # mode=plan jobs write no run dir
+    # the record names the run dir the job's own plan named (remembered, not planned again): the same as planning
+    # the job's overrides from scratch
+    from harness.plan import compose_plan
+
+    assert ok["run_dir"] == compose_plan(ok["overrides"]).run_dir
 
 
 @pytest.mark.slow  # ~20 s each; a sweep's jobs planned: test_sweep_records_every_job_and_a_failing_job_does_not_end_it

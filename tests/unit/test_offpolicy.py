@@ -114,6 +114,14 @@ def test_the_cpu_is_split_between_trainer_and_sampler():
     assert split_threads(8, 2) == (6, 2) and split_threads(2, 4) == (1, 4)
 
 
+def test_on_a_gpu_node_the_sampler_takes_the_next_visible_gpu():
+    from harness.offpolicy.process import sampler_gpu
+
+    assert sampler_gpu(0, None) is None and sampler_gpu(1, None) is None and sampler_gpu(1, "3") is None
+    assert sampler_gpu(2, None) == "1" and sampler_gpu(8, None, 3) == "4" and sampler_gpu(2, None, 1) == "0"
+    assert sampler_gpu(2, "4,6") == "6"  # the trainer's CUDA_VISIBLE_DEVICES names physical ids
+
+
 def test_training_takes_its_share_of_threads_and_gives_them_back(env, monkeypatch):  # noqa: F811
     """On a CPU the trainer trains with its share (the sampler has the rest) and restores the process's thread count
     after, also on failure: the next job of a sweep in the same process runs as it would alone."""
