@@ -1,8 +1,9 @@
 """Fault injection for the fault-matrix tests (tests/integration/test_faults.py); never set outside tests.
 
-    HARNESS_FAULT="<point>[@<n>]:<action>"
+    HARNESS_FAULT="<point>[@<n>]:<action>[;<point>[@<n>]:<action>...]"
 
-makes the n-th time (1-based, default 1) this process reaches the named point do the action:
+makes the n-th time (1-based, default 1) this process reaches the named point do the action (several faults,
+separated by `;`, each at its own point: e.g. a trainer killed at a step while its sampler dies every third round):
 
     kill    SIGKILL this process: a crash, no handler and no cleanup runs
     enospc  raise OSError(ENOSPC) from the write there, as a full disk would; likewise edquot (quota),
@@ -68,15 +69,18 @@ def armed() -> bool:
 def point(name: str) -> str | None:
     """A place where the fault tests crash the process or fill the disk (see the module docstring). Returns
     "defer" where that is the fault set for this point (the caller defers), else None."""
-    spec = os.environ.get(FAULT_ENV)
-    if not spec:
+    specs = os.environ.get(FAULT_ENV)
+    if not specs:
         return None
-    target, n, action = parse(spec)
-    if name != target:
+    mine = [(spec, *parse(spec)) for spec in specs.split(";") if spec]
+    mine = [(spec, n, action) for spec, target, n, action in mine if target == name]
+    if not mine:
         return None
     _seen[name] = _seen.get(name, 0) + 1
-    if _seen[name] != n:
+    hits = [(spec, action) for spec, n, action in mine if _seen[name] == n]
+    if not hits:
         return None
+    spec, action = hits[0]
     if action == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     if action == "hold":

@@ -251,3 +251,21 @@ def test_the_defer_fault_is_parsed_and_returned():
     from harness import faults
 
     assert faults.parse("rl.check_ahead:defer") == ("rl.check_ahead", 1, "defer")
+
+
+def test_several_faults_each_fire_at_their_own_point(monkeypatch):
+    """HARNESS_FAULT="a;b": each fault counts the reaches of its own point (a trainer killed at a step while its
+    sampler, which inherits the variable, dies every third round)."""
+    from harness import faults
+
+    monkeypatch.setattr(faults, "_seen", {})
+    monkeypatch.setenv(faults.FAULT_ENV, "rl.step@2:eio;atomic:x.json@1:enospc")
+    assert faults.point("rl.step") is None and faults.point("sft.step") is None
+    with pytest.raises(OSError, match="injected by HARNESS_FAULT=atomic:x.json@1:enospc"):
+        faults.point("atomic:x.json")
+    with pytest.raises(OSError, match="injected by HARNESS_FAULT=rl.step@2:eio"):
+        faults.point("rl.step")
+    assert faults.point("rl.step") is None  # the third reach: past its n
+    monkeypatch.setenv(faults.FAULT_ENV, "rl.step@2:eio;bogus:kill")
+    with pytest.raises(ValueError, match="bogus:kill"):
+        faults.point("rl.step")
