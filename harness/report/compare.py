@@ -166,8 +166,9 @@ def build_conditions(runs: list[Run], parents: set[str]) -> list[Condition]:
         c.runs.sort(key=lambda r: _natural(r.seed))
         _label(c, [o for o in conds if o.arm == c.arm])
     # Fixed arm order, then by label with its field values compared naturally.
-    conds.sort(key=lambda c: (_arm_rank(c.arm),
-                              tuple(_natural(v if v is not _ABSENT else None) for v in c.fields.values()), c.label))
+    # A field left out at its default (OMIT_AT_DEFAULT) sorts as that value: rollout.lag 0, 1, 2, 4, not 0, 2, 4, 1.
+    conds.sort(key=lambda c: (_arm_rank(c.arm), tuple(_natural(None if (r := _resolved(k, v)) is _ABSENT else r)
+                                                      for k, v in c.fields.items()), c.label))
     return conds
 
 

@@ -259,6 +259,17 @@ def test_ablation_labels_and_order(tmp_path):
     assert "not among" in rep4["groups"][0]["baseline_note"]
 
 
+def test_a_field_left_out_at_its_default_sorts_as_its_value(tmp_path):
+    """A run at a field's default that older runs had (harness.identity.OMIT_AT_DEFAULT: e.g. rollout.lag=1 of
+    sweep=staleness) lacks the field in its identity; its condition sorts by that value, not last."""
+    root = tmp_path / "o"
+    for epochs in (4, None, 2):
+        make_run(root, "grpo", 0, 0.5, knobs={"epochs": epochs} if epochs else None)
+    rep, _ = build_report(root)
+    labels = [c["label"] for c in rep["groups"][0]["conditions"]]
+    assert labels == ["grpo (arm.epochs=1)", "grpo (arm.epochs=2)", "grpo (arm.epochs=4)"], labels
+
+
 def test_pairs_only_common_seeds(tmp_path):
     root = tmp_path / "o"
     for s in range(3):
