@@ -62,10 +62,12 @@ def test_the_named_comparison_is_budget_bound_in_its_debug_form(tmp_path):
     rep = run_harness(str(sweep_dir), module="harness.report", timeout=120)
     assert rep.returncode == 0 and "budget-bound: yes" in rep.stdout, rep.stdout + rep.stderr
     report = json.loads((sweep_dir / "report" / "report.json").read_text())
-    rows = [r for g in report["groups"] for r in g["budget_runs"]]
+    rows = [r for g in report["groups"] for r in g["budget_runs"] if r["arm"] != "sft"]
     assert sorted(r["stopped_by"] for r in rows) == ["budget"] * 9
     assert (sweep_dir / "report" / "report.md").read_text().count("| budget |") == 9
     # the warm starts (60 steps of a 188-step epoch) say what cut their epoch prefix: max_steps
-    warm = [json.loads((p / "completion.json").read_text()) for p in (tmp_path / "runs").glob("sft-*")]
+    parents = {json.loads((r / "run_manifest.json").read_text())["parent"]["run_dir"] for r in runs
+               if not r.name.startswith("sft-")}
+    warm = [json.loads((Path(p) / "completion.json").read_text()) for p in parents]
     assert len(warm) == 3 and all(c["stopped_by"] == "max_steps" and c["stopped_by_source"] == "sft_prefix"
                                   for c in warm)
