@@ -46,13 +46,19 @@ def sampled_by(rnd: int, lag: int) -> int:
     return max(0, rnd - lag)
 
 
+def index_of(name: str) -> int | None:
+    """The round or version number of a buffer file's name (round-000003.pt, version-000002.safetensors), or None."""
+    stem = name.split(".", 1)[0]
+    head, _, digits = stem.rpartition("-")
+    return int(digits) if head in ("round", "version") and digits.isdigit() else None
+
+
 def newest_version(run_dir: str | Path, at_most: int) -> int | None:
     """The newest published policy version no newer than `at_most` (free running: the one that samples a round),
     or None when none is published."""
     folder = version_path(run_dir, 0).parent
-    found = [int(p.name[len("version-"):-len(".safetensors")]) for p in folder.glob("version-*.safetensors")] \
-        if folder.is_dir() else []
-    found = [v for v in found if v <= at_most]
+    found = [index_of(p.name) for p in folder.glob("version-*.safetensors")] if folder.is_dir() else []
+    found = [v for v in found if v is not None and v <= at_most]
     return max(found) if found else None
 
 

@@ -12,7 +12,7 @@ from typing import Callable
 import torch
 from safetensors.torch import load_file, save
 
-from harness.offpolicy import POLL_S, round_path, version_path
+from harness.offpolicy import POLL_S, index_of as _index, round_path, version_path
 from harness.rundir import atomic_write_bytes
 
 
@@ -106,9 +106,3 @@ def prune_versions(run_dir, below: int) -> int:
             p.unlink()
             n += 1
     return n
-
-
-def _index(name: str) -> int | None:
-    stem = name.split(".", 1)[0]
-    head, _, digits = stem.rpartition("-")
-    return int(digits) if head in ("round", "version") and digits.isdigit() else None

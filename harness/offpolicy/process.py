@@ -61,13 +61,24 @@ class SamplerProcess:
             cmd += ["--token-share", str(self.token_share)]
         if self.threads is not None:
             cmd += ["--threads", str(self.threads)]
+        env, where = self.placement()
         with open(self.log_path, "ab") as fh:
-            fh.write(f"--- sampler from round {start_round} ({time.strftime('%Y-%m-%dT%H:%M:%S')})\n".encode())
+            fh.write(f"--- sampler from round {start_round} on {where} "
+                     f"({time.strftime('%Y-%m-%dT%H:%M:%S')})\n".encode())
             fh.flush()
-            self.proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        log.info("off-policy: sampler process %d from round %d, %s, %s (its log: %s)", self.proc.pid,
-                 start_round, f"lag {self.lag}" if self.lag is not None else f"free running (age cap {self.cap})", f"{self.threads} thread(s)" if self.threads else "its own device",
+            self.proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+        log.info("off-policy: sampler process %d from round %d, %s, on %s (its log: %s)", self.proc.pid, start_round,
+                 f"lag {self.lag}" if self.lag is not None else f"free running (age cap {self.cap})", where,
                  self.log_path)
+
+    def placement(self) -> tuple[dict, str]:
+        """(the sampler process's environment, where it runs in words): its own GPU through CUDA_VISIBLE_DEVICES,
+        else the trainer's environment as it is."""
+        env = dict(os.environ)
+        if self.gpu is not None:
+            env["CUDA_VISIBLE_DEVICES"] = self.gpu
+            return env, f"GPU {self.gpu} of its own"
+        return env, f"{self.threads} CPU thread(s)" if self.threads else "the trainer's device"
 
     def wait(self, rnd: int, *, tokens_used: int) -> None:
         """Until round `rnd` is in the buffer. `tokens_used`: the tokens sampled before it (the budget's count, for a

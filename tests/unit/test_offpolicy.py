@@ -120,6 +120,14 @@ def test_on_a_gpu_node_the_sampler_takes_the_next_visible_gpu():
     assert sampler_gpu(0, None) is None and sampler_gpu(1, None) is None and sampler_gpu(1, "3") is None
     assert sampler_gpu(2, None) == "1" and sampler_gpu(8, None, 3) == "4" and sampler_gpu(2, None, 1) == "0"
     assert sampler_gpu(2, "4,6") == "6"  # the trainer's CUDA_VISIBLE_DEVICES names physical ids
+    from harness.offpolicy.process import SamplerProcess
+
+    def placed(**kw):
+        return SamplerProcess("/nonexistent", lag=1, cap=4, cycle=1, token_share=None, **kw).placement()
+
+    env, where = placed(gpu="6")
+    assert env["CUDA_VISIBLE_DEVICES"] == "6" and where == "GPU 6 of its own"  # what the sampler process is given
+    assert placed(threads=1)[1] == "1 CPU thread(s)" and placed()[1] == "the trainer's device"
 
 
 def test_training_takes_its_share_of_threads_and_gives_them_back(env, monkeypatch):  # noqa: F811
