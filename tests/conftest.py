@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -166,11 +167,42 @@ def run_dir_of(out: Path, arm: str) -> Path:
     return d
 
 
-def run_harness(*args: str, module: str = "harness", cwd: Path | None = None, timeout: float = 120,
-                env: dict | None = None) -> subprocess.CompletedProcess:
-    """`python -m <module> args...` in a subprocess, as a user would run it; `env` values of None unset a variable."""
+def _run_env(env: dict | None) -> dict[str, str]:
     full_env = {k: v for k, v in {**os.environ, **(env or {})}.items() if v is not None}
     full_env.pop("HYDRA_FULL_ERROR", None)
+    return full_env
+
+
+_FORK = {"server": None, "lock": threading.Lock()}
+
+
+def _fork_server(env: dict[str, str], args: tuple[str, ...] = ()):
+    """This pytest process's preloaded interpreter (tests/forkserver.py), when it can run a process with `env`
+    as a fresh interpreter would; None when off (HARNESS_TEST_FORKSERVER=0) or when `env` differs from the server's
+    in what the preloaded packages read as they import."""
+    if os.environ.get("HARNESS_TEST_FORKSERVER", "1") == "0":
+        return None
+    with _FORK["lock"]:
+        if _FORK["server"] is None:
+            import atexit
+
+            from tests.forkserver import Server
+
+            _FORK["server"] = Server(_run_env(None))
+            atexit.register(_FORK["server"].stop)
+    server = _FORK["server"]
+    return server if server.accepts(env, args) else None
+
+
+def run_harness(*args: str, module: str = "harness", cwd: Path | None = None, timeout: float = 120,
+                env: dict | None = None) -> subprocess.CompletedProcess:
+    """`python -m <module> args...` as a user would run it, with its output captured; `env` values of None unset a
+    variable. It runs as a fork of this process's preloaded interpreter where that is the same as a fresh one
+    (tests/forkserver.py: the ~9 s of importing torch, transformers and TRL paid once), else as a subprocess."""
+    full_env = _run_env(env)
+    server = _fork_server(full_env, args)
+    if server is not None:
+        return server.run(module, list(args), Path(cwd or REPO), full_env, timeout)
     return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd or REPO, capture_output=True,
                           text=True, timeout=timeout, env=full_env)
 
