@@ -18,7 +18,7 @@ from harness.report.analysis import group_statistics, profile_scores
 from harness.report.budget import run_row, verdict
 from harness.report.compare import (Group, build_groups, data_key, describe_key, jsonable_fields, model_key, paired,
                                     resolve_baseline)
-from harness.report.runs import Run, budget_kind, discover, read_run, starts
+from harness.report.runs import Run, budget_kind, discover, job_run_path, read_run, starts
 from harness.report.signal import group_signal
 from harness.rundir import atomic_write_bytes
 
@@ -179,6 +179,24 @@ def _draw(g: Group, out: Path, sfx: str, split: str | None) -> dict:
     }
 
 
+def _unfinished_jobs(jobs: list, complete: list[Run], notes: list[str]) -> list:
+    """The sweep jobs that did not complete, but those whose run a later command completed: a job interrupted by a
+    signal (or failed) whose run dir now holds a complete run was finished by the same command run again (its
+    record stays as it was written); it is named in the notes, not listed as a failure."""
+    done = {r.path.resolve() for r in complete}
+    out = []
+    for j in jobs:
+        if j.status == "completed":
+            continue
+        path = job_run_path(j, Path(j.sweep))  # the recorded run dir, or the same name where the sweep was moved
+        if path is not None and path.resolve() in done:
+            notes.append(f"{Path(j.sweep).name} job {j.job} ({' '.join(j.overrides)}) ended {j.status}; its run "
+                         f"{path.name} was completed later (the same command run again)")
+            continue
+        out.append(j)
+    return out
+
+
 def build_report(directory: Path, baseline: str = "grpo", out: Path | None = None,
                  threshold: float | None = None) -> tuple[dict, Path]:
     """Read DIR, write the report into `out` (default DIR/report); returns (report.json content, report.md path).
@@ -242,7 +260,7 @@ def build_report(directory: Path, baseline: str = "grpo", out: Path | None = Non
                             for r in runs if not r.complete],
         "failed_jobs": [{"sweep": j.sweep, "sweep_name": Path(j.sweep).name, "job": j.job, "overrides": j.overrides,
                          "status": j.status, "exit_code": j.exit_code, "error": j.error, "run_dir": j.run_dir}
-                        for j in source.jobs if j.status != "completed"],
+                        for j in _unfinished_jobs(source.jobs, complete, notes)],
         "notes": notes,
     }
     from harness.report.render import markdown

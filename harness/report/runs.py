@@ -122,7 +122,7 @@ def read_jobs(sweep_dir: Path) -> tuple[list[Job], list[str]]:
     return jobs, notes
 
 
-def _job_run_path(job: Job, sweep_dir: Path) -> Path | None:
+def job_run_path(job: Job, sweep_dir: Path) -> Path | None:
     """The job's run dir; when the sweep was moved, the same name under <output_root>/runs."""
     if not job.run_dir:
         return None
@@ -141,7 +141,7 @@ def discover(root: Path) -> Source:
         jobs, notes = read_jobs(root)
         paths: list[Path] = []
         for j in jobs:
-            p = _job_run_path(j, root)
+            p = job_run_path(j, root)
             if p is not None and p not in paths:
                 paths.append(p)
             elif p is None and j.run_dir and j.status == "completed":

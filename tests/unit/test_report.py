@@ -384,6 +384,24 @@ def test_sweep_folder_failed_jobs_and_job_runs_only(tmp_path):
     assert {c["label"] for c in rep_root["groups"][0]["conditions"]} == {"sft (warm start)", "grpo"}
 
 
+def test_a_job_whose_run_a_later_command_completed_is_not_a_failure(tmp_path):
+    """A sweep stopped with SIGTERM records its running job as interrupted; the same command then completes that
+    run in a second sweep dir. The first record stays, and the report says what happened instead of 'failed'."""
+    root = tmp_path / "o"
+    run = make_run(root, "grpo", 0, 0.5)
+    first, again = root / "sweeps" / "2026-01-01_00-00-00", root / "sweeps" / "2026-01-01_01-00-00"
+    _write(first / "jobs" / "0.json", {"job": 0, "overrides": ["arm=grpo", "seed=0"], "status": "interrupted",
+                                       "exit_code": 143, "error": None, "run_dir": str(run)})
+    _write(first / "jobs" / "1.json", {"job": 1, "overrides": ["arm=grpo", "seed=1"], "status": "interrupted",
+                                       "exit_code": 143, "error": None, "run_dir": str(root / "runs" / "grpo-x-s1")})
+    _write(again / "jobs" / "0.json", {"job": 0, "overrides": ["arm=grpo", "seed=0"], "status": "completed",
+                                       "exit_code": 0, "error": None, "run_dir": str(run)})
+    rep, md = build_report(root)
+    assert [(Path(j["sweep"]).name, j["job"]) for j in rep["failed_jobs"]] == [(first.name, 1)]  # never finished
+    assert any(f"{first.name} job 0 (arm=grpo seed=0) ended interrupted; its run {run.name} was completed later"
+               in n for n in rep["notes"])
+
+
 def test_direction_accuracy_shown_when_present(tmp_path):
     root = tmp_path / "o"
     make_run(root, "grpo", 0, 0.5)
