@@ -12,7 +12,7 @@ from typing import Callable
 import torch
 from safetensors.torch import load_file, save
 
-from harness.offpolicy import POLL_S, index_of as _index, round_path, version_path
+from harness.offpolicy import POLL_S, index_of, round_path, version_path
 from harness.rundir import atomic_write_bytes
 
 
@@ -89,7 +89,7 @@ def rollback(run_dir, start_round: int, lag: int | None) -> dict:
                                 ("versions", version_path(run_dir, 0).parent, start_round + 1)):
         removed[kind] = 0
         for p in folder.iterdir() if folder.is_dir() else ():
-            index = _index(p.name)
+            index = index_of(p.name)
             if p.name.endswith(".tmp") or (lag is not None and index is not None and index >= first):
                 p.unlink()
                 removed[kind] += not p.name.endswith(".tmp")
@@ -101,7 +101,7 @@ def prune_versions(run_dir, below: int) -> int:
     folder = version_path(run_dir, 0).parent
     n = 0
     for p in folder.glob("version-*.safetensors") if folder.is_dir() else ():
-        index = _index(p.name)
+        index = index_of(p.name)
         if index is not None and index < below:
             p.unlink()
             n += 1
