@@ -21,9 +21,10 @@ Each round times two kinds of work, on each side, harness first in odd rounds an
   resume      harness: harness_resume() below: CheckAhead (the deep check's thread) and the model build, then
                        harness.run.stages.resume.find (what the thread has not hashed by then is left to
                        ResumePoint.confirm), the strict full-weight load (tuning=full; only where
-                       needs_strict_load says so, if resume.py has it), the Trainer's loads in its order, confirm
-                       and the resume audit's digests (ResumeAuditCallback: on_train_begin between the optimizer
-                       and the RNG loads) and finish
+                       needs_strict_load says so, if resume.py has it), the Trainer's loads in its order, the
+                       resume audit's start (ResumeAuditCallback.on_train_begin between the optimizer and the RNG
+                       loads: the loaded tensors' digests, then the deep check's rest, ResumePoint.confirm, which
+                       takes the weights' and optimizer's file digests from them) and finish
               bare:    Trainer._load_from_checkpoint, _load_optimizer_and_scheduler, _load_rng_state
 
 A warm-up round (not counted) comes first. Each side resumes from the checkpoint it has just written; that
@@ -159,7 +160,7 @@ def harness_resume(trainer, run_dir: Path, step: int, whole: bool = True) -> dic
     assert point.checkpoint is not None and point.checkpoint.name == f"checkpoint-{step}", point
     t = _lap(laps, "deep check", t)
     ckpt = point.checkpoint
-    audit = ResumeAuditCallback(run_dir, ckpt, rank=0)
+    audit = ResumeAuditCallback(run_dir, ckpt, rank=0, confirm=getattr(point, "confirm", None))
     audit.attach(trainer)
     needs = getattr(resume, "needs_strict_load", None)
     if not resume.stock_resume() and (needs is None or needs(trainer.model, ckpt)):
@@ -168,9 +169,6 @@ def harness_resume(trainer, run_dir: Path, step: int, whole: bool = True) -> dic
     trainer._load_from_checkpoint(str(ckpt))
     trainer._load_optimizer_and_scheduler(str(ckpt))
     t = _lap(laps, "trainer loads", t)
-    if hasattr(point, "confirm"):  # the audit's start (train.py passes confirm= to it): the deep check's rest
-        point.confirm()
-        t = _lap(laps, "deep check", t)
     audit.on_train_begin(trainer.args, trainer.state, trainer.control, model=trainer.model,
                          optimizer=trainer.optimizer, lr_scheduler=trainer.lr_scheduler)
     t = _lap(laps, "audit", t)

@@ -25,12 +25,12 @@ from __future__ import annotations
 import ctypes
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import xxhash
 
-from harness.accounting.filedigest import Range, TensorRef, file_digest, torch_zip_structure
+from harness.accounting.filedigest import Known, Range, TensorRef, file_digest, torch_zip_structure
 from harness.accounting.statedigest import Memo, tensor_digest
 
 _CHECKPOINT = re.compile(r"checkpoint-\d+$")
@@ -76,27 +76,7 @@ class Recorder:
                 return got[1] if got and got[0] == r.end - r.start else None
 
             return from_write
-        if saved is None:
-            return None
-        try:
-            structure, archive = torch_zip_structure(path)
-        except ValueError:
-            return None
-        pairs: dict[str, tuple[torch.Tensor, TensorRef]] = {}
-        _pair(saved, structure, pairs)
-        entries = {f"entry:{archive}/data/{key}": pair for key, pair in pairs.items()}
-
-        def from_memory(r: Range) -> bytes | None:
-            pair = entries.get(r.name)
-            if pair is None:
-                return None
-            t, ref = pair
-            n = t.numel() * t.element_size()
-            whole = (t.is_contiguous() and t.storage_offset() == 0 and ref.offset == 0 and ref.shape == tuple(t.shape)
-                     and t.untyped_storage().nbytes() == n == r.end - r.start)
-            return tensor_digest(t, self.memo) if whole else None
-
-        return from_memory
+        return None if saved is None else _saved_known(path, saved, self.memo)
 
     def checkpoint_files(self, ckpt_dir: Path, saved: dict[str, Any] | None = None) -> dict[str, dict]:
         """What publish records of every file of the checkpoint (checkpoint.file_digests), with this recorder's
@@ -115,6 +95,82 @@ class Recorder:
     def close(self) -> None:
         if _RECORDERS.get(self.root) is self:
             del _RECORDERS[self.root]
+
+
+def _whole(t: torch.Tensor, r: Range) -> bool:
+    """The tensor's memory is exactly the range's bytes (contiguous, all of them)."""
+    return t.is_contiguous() and t.numel() * t.element_size() == r.end - r.start
+
+
+def _saved_known(path: Path, saved: Any, memo: Memo) -> Known | None:
+    """The digests of a torch.save zip's entries from the object it holds in memory (`saved`): an entry whose
+    storage is exactly one tensor's bytes has that tensor's digest; the others (None) are read from the file."""
+    try:
+        structure, archive = torch_zip_structure(path)
+    except ValueError:
+        return None
+    pairs: dict[str, tuple[torch.Tensor, TensorRef]] = {}
+    _pair(saved, structure, pairs)
+    entries = {f"entry:{archive}/data/{key}": pair for key, pair in pairs.items()}
+
+    def from_memory(r: Range) -> bytes | None:
+        pair = entries.get(r.name)
+        if pair is None:
+            return None
+        t, ref = pair
+        whole = (_whole(t, r) and t.storage_offset() == 0 and ref.offset == 0 and ref.shape == tuple(t.shape)
+                 and t.untyped_storage().nbytes() == r.end - r.start)
+        return tensor_digest(t, memo) if whole else None
+
+    return from_memory
+
+
+def _named_known(tensors: dict[str, torch.Tensor], memo: Memo) -> Known:
+    """The digests of a safetensors file's tensor ranges from the tensors of the same names in memory."""
+
+    def from_memory(r: Range) -> bytes | None:
+        t = tensors.get(r.name[len("tensor:"):]) if r.name.startswith("tensor:") else None
+        return tensor_digest(t, memo) if t is not None and _whole(t, r) else None
+
+    return from_memory
+
+
+def _disk_names(model) -> dict[str, torch.Tensor]:
+    """The model's tensors under the names its checkpoint's safetensors files use: save_pretrained reverts the
+    weight conversions of transformers' loading (Qwen-VL's model.language_model.* is model.* on disk).
+    NOTE(transformers-5.24): the same private function save_pretrained calls; tests/unit/test_trl_contract.py pins
+    it. Where it fails, the state_dict's own names (a name not found is read from the file)."""
+    state = model.state_dict()
+    try:
+        from transformers.core_model_loading import revert_weight_conversion
+
+        return revert_weight_conversion(model, dict(state))
+    except Exception:  # noqa: BLE001 (only a saving of time is lost)
+        return state
+
+
+def loaded_state(model, optimizer, memo: Memo) -> Callable[[Path], Known | None]:
+    """What a resumed process loaded from a checkpoint, as the digests of the checkpoint files' tensor ranges (for
+    the resume's deep check, ResumePoint.confirm): the weights' files (model*.safetensors) from the model's tensors
+    of the same names, optimizer.pt from the optimizer's state. Each range's digest is that of the tensor in memory
+    (the resume audit's memo: hashed once for both). A file whose digest then equals the recorded one held, where
+    the Trainer read it, the bytes now in memory, and was intact everywhere else (those ranges are read from the
+    file); where it differs, the caller reads the whole file to tell a damaged file from a load that went wrong."""
+    from harness.accounting.statedigest import optimizer_state
+
+    named: dict[str, torch.Tensor] = {}
+
+    def known(path: Path) -> Known | None:
+        name = Path(path).name
+        if name.startswith("model") and name.endswith(".safetensors") and model is not None:
+            if not named:
+                named.update(_disk_names(model))
+            return _named_known(named, memo)
+        if name == "optimizer.pt" and optimizer is not None:
+            return _saved_known(Path(path), optimizer_state(optimizer), memo)
+        return None
+
+    return known
 
 
 def _pair(mem: Any, ref: Any, out: dict) -> None:

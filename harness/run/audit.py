@@ -34,8 +34,9 @@ class ResumeAuditError(HarnessError):
 
 class ResumeAuditCallback(TrainerCallback):
     def __init__(self, run_dir: Path, checkpoint: Path, rank: int = 0, confirm=None):
-        """`confirm`: the resume's deep check finished first (ResumePoint.confirm): the Trainer's loads are done,
-        the digests are yet to be taken; it raises when a file of the checkpoint is damaged."""
+        """`confirm`: the resume's deep check finished (ResumePoint.confirm), once the Trainer's loads are done and
+        the loaded tensors hashed: it takes their digests for the files they came from, and raises when a file of
+        the checkpoint is damaged, before any component is compared."""
         self.run_dir, self.checkpoint, self.rank = Path(run_dir), Path(checkpoint), rank
         self.confirm = confirm
         self.memo: dict = {}  # each tensor's digest, taken once (statedigest.fill_memo)
@@ -83,11 +84,13 @@ class ResumeAuditCallback(TrainerCallback):
 
         if self._params_hashing is not None:
             self._params_hashing.join()  # a failure there leaves the rest to the walk below: the same digests
-        if self.confirm is not None:
-            self.confirm()
         memo = self.memo  # a tensor shared by two of them is hashed once
         if self.fmt >= 2:  # format 2 hashes each tensor apart: the large ones side by side on threads first
             fill_memo([[p for p in model.parameters() if p.requires_grad], optimizer_state(optimizer)], memo)
+        if self.confirm is not None:  # the deep check's rest, the loaded tensors' digests standing in for their files
+            from harness.accounting.tensorfiles import loaded_state
+
+            self.confirm(loaded_state(model, optimizer, memo) if self.fmt >= 2 else None)
         self.actual.update(params=params_digest(model, self.fmt, memo), adapters=adapters_digest(model, self.fmt, memo),
                            optimizer=optimizer_digest(optimizer, self.fmt, memo),
                            scheduler=scheduler_digest(lr_scheduler, self.fmt))

@@ -58,8 +58,8 @@ def _flip(path: Path, at: int) -> None:
     path.write_bytes(data)
 
 
-def _ahead(run: Path) -> resume.CheckAhead:
-    ahead = resume.CheckAhead(run)
+def _ahead(run: Path, defers: bool | None = None) -> resume.CheckAhead:
+    ahead = resume.CheckAhead(run, defers=defers)
     ahead._thread.join()  # what find's first digest waits for; here before the damage that follows
     return ahead
 
@@ -84,17 +84,26 @@ def _damage(run: Path, damage: str) -> None:
             _flip(d / "model.safetensors", -7)
 
 
+@pytest.mark.parametrize("defers", [True, False], ids=["one process", "several ranks"])
 @pytest.mark.parametrize("damage", DAMAGES)
-def test_find_decides_the_same_with_the_digests_taken_ahead(tmp_path, damage):
+def test_find_decides_the_same_with_the_digests_taken_ahead(tmp_path, damage, defers):
+    """In the end (find, then the rest of the deep check, then find again where that found damage: what a run
+    does); in one process the weights and optimizer state are left to that rest (CheckAhead.defers), with several
+    ranks find itself decides exactly."""
+    from tests.conftest import resume_decision
+
     run = _run_dir(tmp_path)
     _damage(run, damage)
     try:
         without = _decision(resume.find(PLAN, run))
     except Exception as exc:  # noqa: BLE001 (every checkpoint damaged: the refusal, the same both ways)
         with pytest.raises(type(exc), match="damaged"):
-            resume.find(PLAN, run, _ahead(run))
+            resume_decision(PLAN, run, _ahead(run, defers))
         return
-    assert _decision(resume.find(PLAN, run, _ahead(run))) == without
+    ahead = _ahead(run, defers)
+    first = resume.find(PLAN, run, ahead)
+    assert set(first.unchecked) == ({"model.safetensors", "optimizer.pt"} if defers else set())
+    assert _decision(resume_decision(PLAN, run, ahead)) == without
     assert without[0].name == ("checkpoint-4" if damage == "none" else "checkpoint-2")
 
 
@@ -107,6 +116,7 @@ def test_find_takes_the_digests_from_the_thread(tmp_path, monkeypatch):
     monkeypatch.setattr(ckpt, "digest_on_disk", lambda p, a: calls.append(p) or real(p, a))
     point = resume.find(PLAN, run, ahead)
     assert point.checkpoint.name == "checkpoint-4" and calls == []
+    assert set(point.unchecked) == {"model.safetensors", "optimizer.pt"}  # the audit's start takes those
     resume.find(PLAN, run)  # (the counter can fail: without the thread's digests every file is read)
     assert len(calls) == len(list(point.checkpoint.iterdir())) - 1  # all but the manifest
 
@@ -116,7 +126,7 @@ def test_a_file_changed_after_the_thread_hashed_it_is_read_again(tmp_path, how):
     """A digest taken ahead counts only for the file as it was: damage done between the thread and find is caught
     (without the stamp check, find would trust the digest of the intact file)."""
     run = _run_dir(tmp_path)
-    ahead = _ahead(run)
+    ahead = _ahead(run, defers=False)  # as with several ranks: in one process the thread leaves the weights alone
     weights = run / "checkpoints" / "checkpoint-4" / "model.safetensors"
     time.sleep(0.05)  # file times move in clock ticks (a few ms): a change within the tick of the hash is not seen
     if how == "in place":

@@ -89,6 +89,18 @@ def test_safetensors_hands_its_writer_each_tensors_memory(tmp_path):
     assert seen == {"t": (t.data_ptr(), 24)}
 
 
+def test_save_pretrained_reverts_the_weight_conversions_with_the_function_tensorfiles_calls():
+    """harness.accounting.tensorfiles._disk_names (NOTE(transformers-5.24)) names the model's tensors as the checkpoint
+    file does with transformers' own revert_weight_conversion(model, state_dict): the function save_pretrained
+    calls before it writes, and it returns the same tensors (no copy) where the conversion is a renaming."""
+    from transformers import modeling_utils
+    from transformers.core_model_loading import revert_weight_conversion
+
+    assert list(inspect.signature(revert_weight_conversion).parameters) == ["model", "state_dict"]
+    assert "state_dict = revert_weight_conversion(model_to_save, state_dict)" in inspect.getsource(
+        modeling_utils.PreTrainedModel.save_pretrained)
+
+
 def test_compute_loss_runs_one_policy_forward_through_the_helper():
     from trl import GRPOTrainer
 

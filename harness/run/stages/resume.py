@@ -43,14 +43,16 @@ class ResumePoint:
     def __getstate__(self) -> dict:  # broadcast to the other ranks: the thread stays on rank 0
         return {**self.__dict__, "check": None}
 
-    def confirm(self) -> None:
+    def confirm(self, loaded=None) -> None:
         """The deep check of the chosen checkpoint, finished (every rank calls it, at the same point: the resume
         audit's start, after the Trainer's loads and before the first step; or before a paused run stops or a
-        final checkpoint's weights load). Raises CheckpointDamaged when a file differs from its recorded digest."""
+        final checkpoint's weights load). Raises CheckpointDamaged when a file differs from its recorded digest.
+        `loaded`: the state the Trainer loaded from it, as digests of its files' tensor ranges
+        (harness.accounting.tensorfiles.loaded_state): the weights and optimizer state are not read again."""
         if not self.unchecked or self._confirmed:
             return
         self._confirmed.append(True)
-        problems = self.check.problems(self.checkpoint) if dist.is_main() else None
+        problems = self.check.problems(self.checkpoint, loaded) if dist.is_main() else None
         problems = dist.broadcast(problems)
         if problems:
             raise CheckpointDamaged(self.checkpoint.name, problems)
@@ -102,9 +104,25 @@ def _stamp(path: Path) -> tuple:
     return st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino
 
 
+def loaded_by_the_trainer(path: Path) -> bool:
+    """A checkpoint file whose every tensor the Trainer loads into memory that the resume audit hashes: the weights
+    (model.safetensors, or its shards) and the optimizer state. In one process their deep check is left to the
+    audit's start, where the digests of the loaded tensors stand in for re-reading them (ResumePoint.confirm)."""
+    name = Path(path).name
+    return Path(path).parent.name.startswith("checkpoint-") and (
+        name == "optimizer.pt" or (name.startswith("model") and name.endswith(".safetensors")))
+
+
 class CheckAhead:
     """The resume's deep check, begun on a worker thread when the run starts, so that re-reading and hashing the
-    newest checkpoint's files (gigabytes at real size) overlaps the data and model stages instead of following them.
+    newest checkpoint's files overlaps the data and model stages instead of following them.
+
+    In one process the files the Trainer loads whole into the state the resume audit hashes (the weights, the
+    optimizer state: gigabytes at real size) are not read here at all (`defers`): their digests are computed at the
+    audit's start from the loaded tensors' digests, which the audit takes anyway (ResumePoint.confirm), so each byte
+    is read once, by the Trainer's load, instead of twice side by side. A file found damaged there sends the run back
+    to `find`, as below, and from then on every file is read (`defers` off: the fall-back decides exactly).
+    With several ranks every file is read here: a damaged file must be found before any rank loads it.
 
     The thread walks the run's published checkpoints newest first, as `find` does, and takes the digest of each of
     their files until one checkpoint is intact (usually the newest alone). It decides nothing: `find` still checks
@@ -117,8 +135,9 @@ class CheckAhead:
     (ResumePoint.confirm, before the first step). `fault`: the harness.faults point the thread passes first (the
     fault tests' `defer`: the thread waits until the run needs its verdict)."""
 
-    def __init__(self, run_dir: Path, fault: str | None = None):
+    def __init__(self, run_dir: Path, fault: str | None = None, defers: bool | None = None):
         self._done: dict[tuple[str, str], tuple[tuple, str]] = {}
+        self.defers = not dist.is_multi() if defers is None else defers  # leave loaded_by_the_trainer files to confirm
         self._stop = threading.Event()
         self._needed = threading.Event()  # set by the first caller that waits for the thread
         self._fault = fault
@@ -136,14 +155,21 @@ class CheckAhead:
         except Exception as exc:  # noqa: BLE001 (find does this work again and reports what is wrong)
             log.debug("check ahead stopped: %r", exc)
 
-    def _take(self, path: Path, algorithm: str) -> str:
+    def _take(self, path: Path, algorithm: str) -> str | None:
         if self._stop.is_set():
             raise _Stopped
+        return None if self.leaves(path) else self._read(path, algorithm)
+
+    def _read(self, path: Path, algorithm: str) -> str:
         before = _stamp(path)
         value = ckpt.digest_on_disk(path, algorithm)
         if _stamp(path) == before:  # not changed while it was read
             self._done[str(path), algorithm] = (before, value)
         return value
+
+    def leaves(self, path: Path) -> bool:
+        """A file the thread does not read: its check is left to confirm (`defers`)."""
+        return self.defers and loaded_by_the_trainer(path)
 
     def taken(self, path: Path, algorithm: str) -> str | None:
         """The digest taken ahead, if the file is as it was when hashed; None if not taken (yet). Does not wait."""
@@ -158,11 +184,25 @@ class CheckAhead:
         """A file's digest on disk: the one taken ahead where the file is unchanged since; waits for the thread."""
         self._needed.set()
         self._thread.join()
-        return self.taken(path, algorithm) or ckpt.digest_on_disk(path, algorithm)
+        return self.taken(path, algorithm) or self._read(path, algorithm)
 
-    def problems(self, checkpoint: Path) -> list[str]:
-        """The deep check of `checkpoint` (ResumePoint.confirm): the digests taken ahead, the others read now."""
-        return ckpt.checkpoint_problems(checkpoint, digest=self.digest)
+    def problems(self, checkpoint: Path, loaded=None) -> list[str]:
+        """The deep check of `checkpoint` (ResumePoint.confirm): the digests taken ahead, the others read now.
+        `loaded` (path -> the digests of its tensor ranges in memory, or None): the files the Trainer loaded are
+        digested from the loaded tensors and their other bytes (headers, the zip's records) read from the file.
+        Where that finds a difference, every file is read: a damaged file, or a load that did not restore the
+        bytes (the resume audit's to report)."""
+        if loaded is not None:
+            def from_memory(path: Path, algorithm: str) -> str:
+                known = loaded(path) if algorithm == ckpt.ALGORITHM else None
+                return ckpt.file_digest(path, known) if known is not None else self.digest(path, algorithm)
+
+            if not ckpt.checkpoint_problems(checkpoint, digest=from_memory):
+                return []
+        problems = ckpt.checkpoint_problems(checkpoint, digest=self.digest)
+        if problems:
+            self.defers = False  # the fall-back decides on every file read (find, then nothing left to confirm)
+        return problems
 
     def cancel(self) -> None:
         """The run ends before `find` (a failed data or model stage): stop after the file being hashed."""
@@ -188,11 +228,13 @@ def find(plan, run_dir: Path, ahead: CheckAhead | None = None) -> ResumePoint:
     def digest(path: Path, algorithm: str) -> str | None:
         if ahead is None:
             return ckpt.digest_on_disk(path, algorithm)
-        if ahead.settled() or dist.is_multi():  # nothing to wait for; or several ranks: exact (confirm_after)
+        if dist.is_multi():  # several ranks: exact (confirm_after), the thread waited for
             return ahead.digest(path, algorithm)
         got = ahead.taken(path, algorithm)
+        if got is None and ahead.settled() and not ahead.leaves(path):
+            got = ahead.digest(path, algorithm)  # nothing to wait for (a file changed since the thread read it)
         if got is None:
-            unchecked.append(path)
+            unchecked.append(path)  # the thread's work yet, or the audit's (CheckAhead.defers)
         return got
 
     chosen, skipped = None, []
