@@ -97,6 +97,54 @@ def fill_memo(objs: Iterable[Any], memo: Memo, threads: int = HASH_THREADS) -> M
     return memo
 
 
+class Pipeline:
+    """Tensors hashed into `memo` on one worker thread as they are handed over, so that the hashing overlaps
+    whatever the caller does next (the resume audit: the loaded weights, then each optimizer storage as torch.load
+    reads it). Each handed tensor is held until `release`: a memo key is a memory address, which must not be
+    reused by another tensor while the memo is read. The digests are those fill_memo takes (the same function of
+    the same bytes); a tensor the thread fails on is left to the walk."""
+
+    def __init__(self, memo: Memo):
+        import queue
+        import threading
+
+        self.memo, self.held = memo, []
+        self._queue: "queue.SimpleQueue" = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._work, name="harness-audit", daemon=True)
+        self._thread.start()
+
+    def add(self, t: torch.Tensor) -> None:
+        if t.device.type == "cpu" and t.is_contiguous() and t.numel() * t.element_size() >= _PARALLEL_MIN:
+            self.held.append(t)
+            self._queue.put(t)
+
+    def _work(self) -> None:
+        while (t := self._queue.get()) is not None:
+            key = tensor_key(t)
+            if key not in self.memo:
+                try:
+                    self.memo[key] = _bytes_digest(t)
+                except Exception:  # noqa: BLE001 (the walk hashes it and meets the error there)
+                    pass
+
+    def end(self) -> None:
+        """No more tensors: the thread finishes those handed over and stops."""
+        self._queue.put(None)
+
+    def join(self) -> None:
+        self.end()
+        self._thread.join()
+
+    def release(self) -> None:
+        self.held.clear()
+
+
+def storage_bytes(storage) -> torch.Tensor:
+    """An untyped storage's bytes as a uint8 tensor over the same memory (no copy): its memo key and digest are
+    those of a tensor that spans the whole storage."""
+    return torch.empty(0, dtype=torch.uint8).set_(storage)
+
+
 def _update_obj(h, obj: Any, fmt: int, memo: Memo | None) -> None:
     """Hash nested containers of tensors and plain values in a stable order."""
     if isinstance(obj, torch.Tensor):

@@ -16,8 +16,9 @@ of each component) before the first step. A failed audit stops the run with Resu
 
 from __future__ import annotations
 
+import contextlib
 import logging
-import threading
+import os
 from pathlib import Path
 
 from transformers import TrainerCallback
@@ -32,6 +33,35 @@ class ResumeAuditError(HarnessError):
     exit_code = 6
 
 
+@contextlib.contextmanager
+def _storages_hashed_as_loaded(pipeline, path: Path):
+    """While the Trainer loads `path` (optimizer.pt) with torch.load(..., map_location="cpu"), each storage is handed
+    to `pipeline` as torch.load reads it: torch's own hook for that, a callable map_location, called once per
+    storage on its first deserialization (on the CPU); it returns the storage, which is what "cpu" does. Any other
+    file, or another map_location (a multi-GPU load onto the device), loads as called. NOTE(transformers-5.24):
+    Trainer._load_optimizer_and_scheduler calls torch.load through the module attribute; tests/unit/
+    test_transformers_contract.py pins the call."""
+    import torch
+
+    from harness.accounting.statedigest import storage_bytes
+
+    real = torch.load
+
+    def locate(storage, location):
+        pipeline.add(storage_bytes(storage))
+        return storage
+
+    def load(f, map_location=None, *args, **kwargs):
+        mine = isinstance(f, (str, os.PathLike)) and Path(f) == path and str(map_location) == "cpu"
+        return real(f, locate if mine else map_location, *args, **kwargs)
+
+    torch.load = load
+    try:
+        yield
+    finally:
+        torch.load = real
+
+
 class ResumeAuditCallback(TrainerCallback):
     def __init__(self, run_dir: Path, checkpoint: Path, rank: int = 0, confirm=None):
         """`confirm`: the resume's deep check finished (ResumePoint.confirm), once the Trainer's loads are done and
@@ -40,7 +70,7 @@ class ResumeAuditCallback(TrainerCallback):
         self.run_dir, self.checkpoint, self.rank = Path(run_dir), Path(checkpoint), rank
         self.confirm = confirm
         self.memo: dict = {}  # each tensor's digest, taken once (statedigest.fill_memo)
-        self._params_hashing = None  # the thread hashing the loaded weights while the optimizer state loads
+        self._hashing = None  # the thread hashing the loaded state while the optimizer state loads (Pipeline)
         manifest = read_json(self.checkpoint / "harness_checkpoint.json")
         self.expected = manifest["state_digests"][f"rank-{rank}"]
         self.fmt = manifest.get("digests", 1)  # recomputed in the checkpoint's own digest format (statedigest)
@@ -64,26 +94,32 @@ class ResumeAuditCallback(TrainerCallback):
         trainer._load_rng_state = load_rng_state_and_observe
         load_optimizer = trainer._load_optimizer_and_scheduler
 
-        def load_optimizer_and_hash_weights(checkpoint):
-            # the Trainer has loaded the weights: their digests are taken on a thread while the optimizer state
-            # loads (it reads no parameter and writes none); on_train_begin waits for them
-            if checkpoint is not None and self.fmt >= 2 and self._params_hashing is None:
-                from harness.accounting.statedigest import fill_memo
+        def load_optimizer_and_hash(checkpoint):
+            # the Trainer has loaded the weights: they are hashed on a thread while the optimizer state loads (it
+            # reads no parameter and writes none), then each optimizer storage as torch.load reads it; the
+            # hashing overlaps the load, and on_train_begin waits for it
+            if checkpoint is None or self.fmt < 2 or self._hashing is not None:
+                return load_optimizer(checkpoint)
+            from harness.accounting.statedigest import Pipeline
 
-                params = [p for p in trainer.model.parameters() if p.requires_grad]
-                self._params_hashing = threading.Thread(target=fill_memo, args=([params], self.memo),
-                                                        kwargs={"threads": 1}, name="harness-audit", daemon=True)
-                self._params_hashing.start()
-            load_optimizer(checkpoint)
+            self._hashing = Pipeline(self.memo)
+            for p in trainer.model.parameters():
+                if p.requires_grad:
+                    self._hashing.add(p.detach())
+            try:
+                with _storages_hashed_as_loaded(self._hashing, Path(checkpoint) / "optimizer.pt"):
+                    return load_optimizer(checkpoint)
+            finally:
+                self._hashing.end()
 
-        trainer._load_optimizer_and_scheduler = load_optimizer_and_hash_weights
+        trainer._load_optimizer_and_scheduler = load_optimizer_and_hash
 
     def on_train_begin(self, args, state, control, model=None, optimizer=None, lr_scheduler=None, **kwargs):
         from harness.accounting.statedigest import (adapters_digest, fill_memo, optimizer_digest, optimizer_state,
                                                     params_digest, scheduler_digest)
 
-        if self._params_hashing is not None:
-            self._params_hashing.join()  # a failure there leaves the rest to the walk below: the same digests
+        if self._hashing is not None:
+            self._hashing.join()  # what it could not hash is left to the walk below: the same digests
         memo = self.memo  # a tensor shared by two of them is hashed once
         if self.fmt >= 2:  # format 2 hashes each tensor apart: the large ones side by side on threads first
             fill_memo([[p for p in model.parameters() if p.requires_grad], optimizer_state(optimizer)], memo)
@@ -94,6 +130,8 @@ class ResumeAuditCallback(TrainerCallback):
         self.actual.update(params=params_digest(model, self.fmt, memo), adapters=adapters_digest(model, self.fmt, memo),
                            optimizer=optimizer_digest(optimizer, self.fmt, memo),
                            scheduler=scheduler_digest(lr_scheduler, self.fmt))
+        if self._hashing is not None:
+            self._hashing.release()
         return control
 
     def on_step_begin(self, args, state, control, **kwargs):

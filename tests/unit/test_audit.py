@@ -126,13 +126,14 @@ def test_an_unobserved_rng_restore_fails(tmp_path):
 
 
 @pytest.mark.parametrize("restored", [True, False])
-def test_the_weights_are_hashed_while_the_optimizer_state_loads(tmp_path, restored):
-    """attach() starts the weights' digests on a thread when the Trainer begins loading the optimizer state (the
-    weights are loaded by then); on_train_begin waits for them. The verdict is the serial one's: passed when
-    everything was restored, failed by name when a weight was not."""
+def test_the_state_is_hashed_while_the_optimizer_state_loads(tmp_path, restored):
+    """attach() hashes the weights on a thread when the Trainer begins loading the optimizer state (the weights are
+    loaded by then), then each optimizer storage as torch.load reads it (a callable map_location); on_train_begin
+    waits for them. The verdict is the serial one's: passed when everything was restored, failed by name when a
+    weight was not."""
     from types import SimpleNamespace
 
-    from harness.accounting.statedigest import rng_digests, tensor_key
+    from harness.accounting.statedigest import optimizer_state, rng_digests, tensor_key, tensors_in
 
     torch.manual_seed(0)
     model = torch.nn.Linear(640, 512)  # a 1.25 MiB weight: large enough for the threaded digests
@@ -141,18 +142,28 @@ def test_the_weights_are_hashed_while_the_optimizer_state_loads(tmp_path, restor
     opt.step()
     sched = torch.optim.lr_scheduler.StepLR(opt, 1)
     ckpt = _checkpoint(tmp_path, model, opt, sched)
+    torch.save(opt.state_dict(), ckpt / "optimizer.pt")
     if not restored:
         with torch.no_grad():
             model.weight[0, 0] += 1.0
     cb = ResumeAuditCallback(tmp_path, ckpt)
-    started = []
+    started, real_load = [], torch.load
+
+    def load_optimizer(checkpoint):  # what Trainer._load_optimizer_and_scheduler does in one process
+        started.append(cb._hashing)
+        opt.load_state_dict(torch.load(f"{checkpoint}/optimizer.pt", map_location="cpu", weights_only=True))
+
     trainer = SimpleNamespace(model=model, _load_rng_state=lambda checkpoint: None,
-                              _load_optimizer_and_scheduler=lambda checkpoint: started.append(cb._params_hashing))
+                              _load_optimizer_and_scheduler=load_optimizer)
     cb.attach(trainer)
     trainer._load_optimizer_and_scheduler(str(ckpt))
     assert started and started[0] is not None  # begun before the optimizer state loads
+    cb._hashing.join()
+    loaded = [t for t in tensors_in(optimizer_state(opt)) if t.numel() * t.element_size() >= 1 << 20]
+    assert loaded and {tensor_key(t) for t in [model.weight, *loaded]} <= set(cb.memo)  # before on_train_begin
+    assert torch.load is real_load  # itself again
     cb.on_train_begin(None, None, None, model=model, optimizer=opt, lr_scheduler=sched)
-    assert tensor_key(model.weight) in cb.memo and not cb._params_hashing.is_alive()
+    assert cb._hashing.held == []  # released: the memo's addresses are no longer held
     trainer._load_rng_state(str(ckpt))
     assert cb.actual["rng"] == rng_digests(cb.fmt)
     if restored:

@@ -32,3 +32,13 @@ def test_rng_is_restored_inside_the_epoch_loop_after_the_optimizer():
     assert "_load_rng_state(resume_from_checkpoint)" in src
     prep = inspect.getsource(Trainer._prepare_for_training)
     assert "_load_optimizer_and_scheduler(resume_from_checkpoint)" in prep
+
+
+def test_the_optimizer_state_loads_through_torch_load_onto_the_cpu_in_one_process():
+    """The audit hashes each optimizer storage as torch.load reads it (harness/run/audit.py
+    _storages_hashed_as_loaded, NOTE(transformers-5.24)): the Trainer calls torch.load through the module attribute,
+    with map_location "cpu" unless several processes train on GPUs."""
+    src = inspect.getsource(Trainer._load_optimizer_and_scheduler)
+    assert "self.args.device if self.args.world_size > 1 and self.args.device.type != \"cpu\" else \"cpu\"" in src
+    assert "torch.load(\n                                os.path.join(checkpoint, OPTIMIZER_NAME), map_location=map_location, " \
+           "weights_only=True" in src
