@@ -98,14 +98,15 @@ class ResumeAuditCallback(TrainerCallback):
             # the Trainer has loaded the weights: they are hashed on a thread while the optimizer state loads (it
             # reads no parameter and writes none), then each optimizer storage as torch.load reads it; the
             # hashing overlaps the load, and on_train_begin waits for it
-            if checkpoint is None or self.fmt < 2 or self._hashing is not None:
+            trained = [p for p in trainer.model.parameters() if p.requires_grad]
+            if checkpoint is None or self.fmt < 2 or self._hashing is not None or any(
+                    p.device.type != "cpu" for p in trained):  # on a GPU the state is hashed from the device, after
                 return load_optimizer(checkpoint)
             from harness.accounting.statedigest import Pipeline
 
             self._hashing = Pipeline(self.memo)
-            for p in trainer.model.parameters():
-                if p.requires_grad:
-                    self._hashing.add(p.detach())
+            for p in trained:
+                self._hashing.add(p.detach())
             try:
                 with _storages_hashed_as_loaded(self._hashing, Path(checkpoint) / "optimizer.pt"):
                     return load_optimizer(checkpoint)

@@ -171,3 +171,21 @@ def test_the_state_is_hashed_while_the_optimizer_state_loads(tmp_path, restored)
     else:
         with pytest.raises(ResumeAuditError, match="params"):
             cb.finish(4)
+
+
+def test_state_off_the_cpu_loads_as_called(tmp_path):
+    """Parameters that are not on the CPU (a GPU run; "meta" stands in for the device here): the Trainer's load
+    moves the optimizer state onto their device after torch.load, so hashing the CPU storages would buy nothing:
+    the load runs as called, torch.load untouched, and the audit hashes the state after the loads."""
+    from types import SimpleNamespace
+
+    model, opt, sched = _setup()
+    ckpt = _checkpoint(tmp_path, model, opt, sched)
+    cb = ResumeAuditCallback(tmp_path, ckpt)
+    seen = []
+    trainer = SimpleNamespace(model=torch.nn.Linear(2, 2, device="meta"), _load_rng_state=lambda checkpoint: None,
+                              _load_optimizer_and_scheduler=lambda checkpoint: seen.append(torch.load))
+    real_load = torch.load
+    cb.attach(trainer)
+    trainer._load_optimizer_and_scheduler(str(ckpt))
+    assert seen == [real_load] and cb._hashing is None
