@@ -76,6 +76,11 @@ def tensors_in(obj: Any) -> Iterable[torch.Tensor]:
             yield from tensors_in(x)
 
 
+def _hashed_apart(t: torch.Tensor) -> bool:
+    """A tensor worth a thread's hand-off: large, contiguous, on the CPU (its bytes hashed in place)."""
+    return t.device.type == "cpu" and t.is_contiguous() and t.numel() * t.element_size() >= _PARALLEL_MIN
+
+
 def fill_memo(objs: Iterable[Any], memo: Memo, threads: int = HASH_THREADS) -> Memo:
     """Hash the large contiguous CPU tensors in `objs` into `memo` on `threads` threads, so that the walk that
     follows (`digest(..., memo=memo)`) only looks them up. The digests are those the walk would take itself (the
@@ -83,7 +88,7 @@ def fill_memo(objs: Iterable[Any], memo: Memo, threads: int = HASH_THREADS) -> M
     todo: dict[tuple, torch.Tensor] = {}
     for obj in objs:
         for t in tensors_in(obj):
-            if t.device.type == "cpu" and t.is_contiguous() and t.numel() * t.element_size() >= _PARALLEL_MIN:
+            if _hashed_apart(t):
                 key = tensor_key(t)
                 if key not in memo:
                     todo.setdefault(key, t)
@@ -114,7 +119,7 @@ class Pipeline:
         self._thread.start()
 
     def add(self, t: torch.Tensor) -> None:
-        if t.device.type == "cpu" and t.is_contiguous() and t.numel() * t.element_size() >= _PARALLEL_MIN:
+        if _hashed_apart(t):
             self.held.append(t)
             self._queue.put(t)
 
